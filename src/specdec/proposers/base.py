@@ -1,0 +1,48 @@
+"""The Proposer protocol and the DraftProposal it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    token_ids: torch.Tensor  # [B, k] int64, padded with -1
+    num_tokens: torch.Tensor  # [B] int64; 0 means "no draft"
+    probs: torch.Tensor | None  # [B, k, V] warped draft distribution; None = point mass
+
+    @staticmethod
+    def empty(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftProposal:
+        return DraftProposal(
+            token_ids=torch.empty(batch_size, 0, dtype=torch.int64, device=device),
+            num_tokens=torch.zeros(batch_size, dtype=torch.int64, device=device),
+            probs=None,
+        )
+
+
+@dataclass(frozen=True)
+class ProposeContext:
+    token_ids: torch.Tensor  # [B, L] int64: every committed token, prompt included
+    params: SamplingParams  # the request's warp; drafts must come from the same warp
+    generator: torch.Generator | None  # the request's randomness
+    vocab_size: int  # width of the target's logits; draft probs must match it
+
+
+class Proposer(Protocol):
+    """Guesses up to max_k next tokens, then hears how many were accepted.
+
+    The proposer owns its state (a draft KV cache, an n-gram index) and must
+    only ever keep state derived from committed tokens: on_verified() is where
+    it forgets rejected guesses.
+    """
+
+    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal: ...
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None: ...  # [B] roll back own state
+
+    def reset(self) -> None: ...  # forget everything: a new request starts

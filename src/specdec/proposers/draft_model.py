@@ -1,0 +1,93 @@
+"""A small language model as the proposer (Chen et al. 2023, Algorithm 2).
+
+The draft samples k tokens autoregressively from its own warped distribution,
+keeping its own KV cache. After verification its cache is cut back to the
+accepted prefix. Its cache never holds the token that closed a step (the
+recovered or bonus token, and when all k were accepted also its own k-th
+draft, which it sampled but never fed), so the next propose() first feeds
+whatever committed tokens it has not seen: usually one, two after a full
+acceptance. That catch-up pass is also where its first draft distribution comes from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.models.runner import ModelRunner
+from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.sampling.warp import sample_from_probs, warp_logits
+
+
+def match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad (with -inf) or cut the draft's logits [..., V_draft] to the target's width.
+
+    Same-tokenizer pairs often differ only in padding rows of the embedding
+    (e.g. a 151,936-row head over a 151,665-token vocabulary).
+    """
+    width = logits.shape[-1]
+    if width == vocab_size:
+        return logits
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - width), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+class DraftModelProposer:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self._proposal_start = 0  # context length when the last proposal was made
+        self._fed_drafts = 0  # draft tokens of the last proposal that sit in the cache
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self._proposal_start = 0
+        self._fed_drafts = 0
+
+    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        device = self.runner.device
+        context = ctx.token_ids  # [1, L]
+        context_len = context.shape[1]
+        if max_k < 1:
+            return DraftProposal.empty(1, device)
+        max_k = min(max_k, self.runner.max_context - context_len)
+        if max_k < 1:
+            return DraftProposal.empty(1, device)
+
+        # 1. Catch up: feed committed tokens the draft has not seen yet.
+        cached = self.runner.seq_len
+        if cached >= context_len:  # should not happen; recover by refeeding the last token
+            cached = context_len - 1
+            self.runner.truncate(torch.tensor([cached]))
+        positions = torch.arange(cached, context_len, device=device)[None]
+        logits = self.runner.forward(context[:, cached:].to(device), positions, last_n_logits=1).logits[:, -1]
+
+        # 2. Draft k tokens, each from the same warp the target will be judged by.
+        draft_ids: list[torch.Tensor] = []
+        draft_probs: list[torch.Tensor] = []
+        for i in range(max_k):
+            logits = match_vocab(logits, ctx.vocab_size)  # [1, V]
+            if ctx.params.greedy:
+                token = logits.argmax(dim=-1)  # point mass: greedy_verify needs no probs
+            else:
+                probs = warp_logits(logits, ctx.params)  # [1, V]
+                token = sample_from_probs(probs, ctx.generator)
+                draft_probs.append(probs)
+            draft_ids.append(token)
+            if i + 1 < max_k:
+                position = torch.full((1, 1), context_len + i, device=device)
+                logits = self.runner.forward(token[:, None], position).logits[:, -1]
+
+        self._proposal_start = context_len
+        self._fed_drafts = max_k - 1
+        return DraftProposal(
+            token_ids=torch.stack(draft_ids, dim=1),  # [1, k]
+            num_tokens=torch.full((1,), max_k, dtype=torch.int64, device=device),
+            probs=torch.stack(draft_probs, dim=1) if draft_probs else None,  # [1, k, V]
+        )
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        # Keep the context plus the accepted drafts that were fed; drop the rest.
+        accepted = int(num_accepted.reshape(-1)[0])
+        keep = self._proposal_start + min(accepted, self._fed_drafts)
+        self.runner.truncate(torch.tensor([keep]))

@@ -1,0 +1,56 @@
+"""Per-request sampling parameters, validated at the edge."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request turns logits into tokens.
+
+    The same params warp the draft's and the target's logits (see warp.py): the
+    rejection sampler is lossless with respect to the *warped* target
+    distribution, so warping both sides identically is what makes
+    "speculative output ~ plain output" hold for top-k / top-p sampling too.
+
+    temperature: 0 means greedy (argmax); > 0 divides the logits.
+    top_k:       keep the k most probable tokens; 0 disables.
+    top_p:       keep the smallest set whose probability reaches top_p; 1 disables.
+    min_p:       drop tokens below min_p * (top probability); 0 disables.
+    seed:        seeds the request's own torch.Generator; None draws a fresh seed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = disabled), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1] (1 = disabled), got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not (0.0 <= self.min_p < 1.0):
+            raise ValueError(f"min_p must be in [0, 1) (0 = disabled), got {self.min_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """The request's own generator: all of its randomness flows through it."""
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed)
+        return generator

@@ -1,0 +1,53 @@
+"""Tiny random models and a character-level tokenizer, built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from specdec.models.hf import HFRunner
+
+CHARS = string.ascii_lowercase + " .,!?\n"
+EOS = "<eos>"
+VOCAB_SIZE = 64  # logits width; the tokenizer uses the first len(CHARS) + 2 ids
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<unk>": 0, EOS: 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    # BPE with no merges = one token per character; Fuse joins them back without spaces.
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token=EOS)
+
+
+def make_model(seed: int, family: str = "qwen2", layers: int = 2, hidden: int = 32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1,
+    )
+    model = Qwen2ForCausalLM(Qwen2Config(**common)) if family == "qwen2" else LlamaForCausalLM(LlamaConfig(**common))
+    # Random init gives near-uniform logits; sharpen them so greedy paths and
+    # acceptance are not decided by round-off.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return make_tokenizer()
+
+
+@pytest.fixture
+def target_runner() -> HFRunner:
+    return HFRunner(make_model(seed=0))
+
+
+@pytest.fixture
+def draft_runner() -> HFRunner:
+    return HFRunner(make_model(seed=1, layers=1))
