@@ -1,0 +1,213 @@
+"""The decode loop: greedy equality, losslessness end to end, stop conditions, bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import VOCAB_SIZE, make_model
+from specdec.engine import SpecEngine
+from specdec.models.hf import HFRunner
+from specdec.proposers import DraftModelProposer, DraftProposal
+from specdec.sampling import SamplingParams, warp_logits
+
+PROMPT = "the quick brown fox"
+
+
+class ScriptedProposer:
+    """Drafts the reference continuation but breaks it at a chosen position.
+
+    Step i proposes `accept_plan[i % len]` correct tokens followed by wrong
+    ones, so every acceptance count 0..k is forced in turn.
+    """
+
+    def __init__(self, reference: list[int], prompt_len: int, k: int) -> None:
+        self.reference, self.prompt_len, self.k = reference, prompt_len, k
+        self.plan = itertools.cycle(range(k + 1))
+        self.seen_accepted: list[int] = []
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, ctx, max_k):
+        done = ctx.token_ids.shape[1] - self.prompt_len
+        truth = self.reference[done : done + max_k]
+        n = len(truth)
+        correct = min(next(self.plan), n)
+        draft = truth[:correct] + [(t + 1) % VOCAB_SIZE for t in truth[correct:]]
+        return DraftProposal(torch.tensor([draft]), torch.tensor([n]), None)
+
+    def on_verified(self, num_accepted):
+        self.seen_accepted.append(int(num_accepted[0]))
+
+
+@pytest.fixture
+def plain(target_runner, tokenizer):
+    return SpecEngine(target_runner, None, tokenizer)
+
+
+def test_perfect_draft_accepts_everything_and_matches_plain(plain, tokenizer):
+    reference = plain.generate(PROMPT, max_new_tokens=40)
+    same_model = HFRunner(make_model(seed=0))  # identical weights to the target
+    engine = SpecEngine(plain.target, DraftModelProposer(same_model), tokenizer, k=4)
+    out = engine.generate(PROMPT, max_new_tokens=40)
+    assert out.token_ids == reference.token_ids and out.text == reference.text
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.mean_accepted_length == pytest.approx(40 / 8)  # 8 steps of 4 accepted + 1 bonus
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_random_draft_matches_plain_greedy(plain, draft_runner, tokenizer, k):
+    reference = plain.generate(PROMPT, max_new_tokens=50)
+    engine = SpecEngine(plain.target, DraftModelProposer(draft_runner), tokenizer, k=k)
+    out = engine.generate(PROMPT, max_new_tokens=50)
+    assert out.token_ids == reference.token_ids
+    assert out.stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_scripted_draft_forces_every_acceptance_count(plain, tokenizer, k):
+    reference = plain.generate(PROMPT, max_new_tokens=60)
+    prompt_len = len(reference.prompt_token_ids)
+    proposer = ScriptedProposer(reference.token_ids, prompt_len, k)
+    out = SpecEngine(plain.target, proposer, tokenizer, k=k).generate(PROMPT, max_new_tokens=60)
+    assert out.token_ids == reference.token_ids
+    assert set(range(k + 1)) <= set(proposer.seen_accepted)
+
+
+def test_draft_cache_tracks_the_committed_tokens(plain, tokenizer):
+    """After every step the draft's cache holds only committed tokens (prefix of the context)."""
+    draft = HFRunner(make_model(seed=0))
+    engine = SpecEngine(plain.target, DraftModelProposer(draft), tokenizer, k=3)
+    out = engine.generate(PROMPT, max_new_tokens=30)
+    committed = len(out.prompt_token_ids) + len(out.token_ids)
+    assert draft.seq_len < committed
+    assert plain.target.seq_len <= committed
+
+
+def test_eos_inside_an_accepted_draft_stops_there(target_runner, tokenizer):
+    reference = SpecEngine(target_runner, None, tokenizer).generate(PROMPT, max_new_tokens=30)
+    eos = reference.token_ids[9]  # pretend the 10th greedy token is EOS
+    perfect = DraftModelProposer(HFRunner(make_model(seed=0)))
+    engine = SpecEngine(target_runner, perfect, tokenizer, k=4, eos_token_ids=frozenset({eos}))
+    out = engine.generate(PROMPT, max_new_tokens=30)
+    first = reference.token_ids.index(eos)
+    assert out.token_ids == reference.token_ids[: first + 1]
+    assert out.finish_reason == "eos"
+
+
+def test_stop_string_inside_an_accepted_draft_cuts_text(target_runner, tokenizer):
+    reference = SpecEngine(target_runner, None, tokenizer).generate(PROMPT, max_new_tokens=40)
+    text = reference.text
+    stop = text[12:14]
+    perfect = DraftModelProposer(HFRunner(make_model(seed=0)))
+    out = SpecEngine(target_runner, perfect, tokenizer, k=6).generate(PROMPT, max_new_tokens=40, stop=[stop])
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.find(stop)]
+    assert stop not in out.text
+    # The kept tokens end with the one that completed the stop string.
+    assert tokenizer.decode(out.token_ids).find(stop) >= 0
+    assert tokenizer.decode(out.token_ids[:-1]).find(stop) < 0
+
+
+def test_max_new_tokens_is_exact(plain, draft_runner, tokenizer):
+    engine = SpecEngine(plain.target, DraftModelProposer(draft_runner), tokenizer, k=6)
+    for n in (1, 2, 7, 13):
+        out = engine.generate(PROMPT, max_new_tokens=n)
+        assert len(out.token_ids) == n and out.finish_reason == "length"
+
+
+def test_stream_yields_the_same_text_and_tokens(plain, draft_runner, tokenizer):
+    engine = SpecEngine(plain.target, DraftModelProposer(draft_runner), tokenizer, k=3)
+    full = engine.generate(PROMPT, max_new_tokens=30)
+    chunks = list(engine.stream(PROMPT, max_new_tokens=30))
+    assert "".join(c.text for c in chunks) == full.text
+    assert [t for c in chunks for t in c.token_ids] == full.token_ids
+    assert chunks[-1].finish_reason == "length" and chunks[-1].stats.generated_tokens == 30
+    assert len(chunks) > 1
+
+
+def test_stream_never_shows_a_stop_string(target_runner, tokenizer):
+    reference = SpecEngine(target_runner, None, tokenizer).generate(PROMPT, max_new_tokens=40)
+    stop = reference.text[20:23]
+    engine = SpecEngine(target_runner, None, tokenizer)
+    shown = "".join(c.text for c in engine.stream(PROMPT, max_new_tokens=40, stop=[stop]))
+    assert shown == reference.text[: reference.text.find(stop)]
+
+
+def test_seeded_sampling_is_reproducible(plain, draft_runner, tokenizer):
+    engine = SpecEngine(plain.target, DraftModelProposer(draft_runner), tokenizer, k=3)
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=11)
+    a = engine.generate(PROMPT, params, max_new_tokens=25)
+    b = engine.generate(PROMPT, params, max_new_tokens=25)
+    c = engine.generate(PROMPT, SamplingParams(temperature=1.0, top_p=0.95, seed=12), max_new_tokens=25)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=6)])
+def test_speculative_sampling_is_lossless_end_to_end(params):
+    """Two generated tokens, 2000 seeds: their joint law equals the warped target's.
+
+    The exact law is enumerated from the target itself: p(t1) * p(t2 | t1).
+    """
+    target = HFRunner(make_model(seed=7, hidden=16))
+    draft = HFRunner(make_model(seed=8, layers=1, hidden=16))
+    prompt = [3, 9, 4]
+    with torch.no_grad():
+        first = warp_logits(target.model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
+        prefixes = torch.tensor([prompt + [t] for t in range(VOCAB_SIZE)])
+        second = warp_logits(target.model(prefixes).logits[:, -1], params)  # [V, V]
+    joint = (first[:, None] * second).flatten().double()  # [V*V]
+
+    engine = SpecEngine(target, DraftModelProposer(draft), None, k=2)
+    counts = torch.zeros(VOCAB_SIZE * VOCAB_SIZE, dtype=torch.float64)
+    accepted = 0
+    runs = 2000
+    for seed in range(runs):
+        out = engine.generate(prompt, SamplingParams(params.temperature, params.top_k, seed=seed), max_new_tokens=2)
+        counts[out.token_ids[0] * VOCAB_SIZE + out.token_ids[1]] += 1
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0, "the draft never got a token accepted: the test would not exercise acceptance"
+    assert counts[joint == 0].sum() == 0
+    big = joint * runs >= 5
+    rest = (joint > 0) & ~big  # rare pairs pooled into one cell, when there are any
+    observed = torch.cat([counts[big], counts[rest].sum()[None]])
+    expected = torch.cat([joint[big], joint[rest].sum()[None]]) * runs
+    if not rest.any():
+        observed, expected = observed[:-1], expected[:-1]
+    expected = expected * observed.sum() / expected.sum()
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda e: e.generate(PROMPT, max_new_tokens=0), "max_new_tokens"),
+        (lambda e: e.generate("", max_new_tokens=3), "empty"),
+        (lambda e: e.generate("a" * 300, max_new_tokens=3), "context window"),
+        (lambda e: e.generate(PROMPT, max_new_tokens=3, stop=[""]), "stop"),
+    ],
+)
+def test_bad_requests_raise_value_error(plain, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(plain)
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5])
+def test_k_below_one_is_rejected(target_runner, k):
+    with pytest.raises(ValueError, match="k"):
+        SpecEngine(target_runner, None, None, k=k)
+
+
+def test_generation_stops_at_the_context_window(tokenizer):
+    runner = HFRunner(make_model(seed=0))
+    runner.max_context = 40
+    prompt = "a" * 30
+    out = SpecEngine(runner, DraftModelProposer(HFRunner(make_model(seed=1, layers=1))), tokenizer, k=4).generate(
+        prompt, max_new_tokens=50
+    )
+    assert len(out.prompt_token_ids) + len(out.token_ids) == 40 and out.finish_reason == "length"
