@@ -309,6 +309,8 @@ def _remove_stale_partials(root: Path, name: str) -> None:
         if not m or m["name"] != name:
             continue
         pid = int(m["pid"])
+        if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows
+            continue
         try:
             os.kill(pid, 0)
             alive = True
@@ -330,8 +332,7 @@ def _fix_tokenizer_and_generation(spec: EmbeddedModel, model, tokenizer) -> None
     - GGUF stores one eos id; the instruct releases stop on several end tokens.
       generation_config keeps greedy defaults (no sampling settings): specdec
       passes its own SamplingParams, and HF generate() should stay deterministic.
-    - A tokenizer without a chat template cannot format the prompts the
-      instruct models were trained on; fail loudly rather than cache it.
+    - The GGUF tokenizer comes back with "unlimited" model_max_length.
     """
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # transformers >= 5; 4.x dequantised without one
@@ -340,27 +341,18 @@ def _fix_tokenizer_and_generation(spec: EmbeddedModel, model, tokenizer) -> None
         del model.config.quantization_config
     model.config.dtype = "bfloat16"  # matches the saved tensors
 
-    vocab = tokenizer.get_vocab()
-    eos_ids: list[int] = []
-    for token in (tokenizer.eos_token, *spec.eos_tokens):
-        if token is None:
-            continue
-        if token not in vocab:
-            raise RuntimeError(f"{spec.name}: end token {token!r} is not in the tokenizer vocabulary")
-        if vocab[token] not in eos_ids:
-            eos_ids.append(vocab[token])
-    if spec.eos_tokens and tokenizer.eos_token != spec.eos_tokens[0]:
+    if spec.eos_tokens:
         # The first listed end token is the one the chat template closes turns with.
         tokenizer.eos_token = spec.eos_tokens[0]
-        eos_ids.remove(vocab[spec.eos_tokens[0]])
-        eos_ids.insert(0, vocab[spec.eos_tokens[0]])
-
+    vocab = tokenizer.get_vocab()
+    eos_ids: list[int] = []
+    for token in dict.fromkeys((tokenizer.eos_token, *spec.eos_tokens)):  # ordered, unique
+        if token not in vocab:
+            raise RuntimeError(f"{spec.name}: end token {token!r} is not in the tokenizer vocabulary")
+        eos_ids.append(vocab[token])
     gen = model.generation_config
     gen.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
-    if tokenizer.pad_token_id is not None:
-        gen.pad_token_id = tokenizer.pad_token_id
-    else:
-        gen.pad_token_id = eos_ids[-1]
+    gen.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[-1]
     model.config.eos_token_id = eos_ids[0]
 
     # The GGUF tokenizer comes back with "unlimited" length; the real limit is
@@ -369,9 +361,6 @@ def _fix_tokenizer_and_generation(spec: EmbeddedModel, model, tokenizer) -> None
     if max_positions:
         tokenizer.model_max_length = max_positions
 
-    if not getattr(tokenizer, "chat_template", None):
-        raise RuntimeError(f"{spec.name}: the GGUF carries no chat template; refusing to cache it")
-
 
 def _convert(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path) -> None:
     """GGUF -> bf16 safetensors + tokenizer in ``out``."""
@@ -379,6 +368,10 @@ def _convert(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    if not getattr(tokenizer, "chat_template", None):
+        # Without it nobody can format the prompts these instruct models were
+        # trained on; fail before the minute-long weight conversion.
+        raise RuntimeError(f"{spec.name}: the GGUF carries no chat template; refusing to cache it")
     # Dequantise into fp32 (what transformers' GGUF loader produces anyway), then
     # store bf16: half the disk and read time of fp32, and the dtype people
     # publish these models in. Note: bf16 rounds the dequantised values a little.

