@@ -164,7 +164,7 @@ def test_cache_root_honours_specdec_cache(tmp_path, monkeypatch):
     assert hub.cache_root() == Path(platformdirs.user_cache_dir("specdec"))
 
 
-def _fake_convert(spec, gguf_dir, gguf_name, out):
+def _fake_convert(spec, gguf_dir, gguf_name, out, progress=True):
     """Stands in for the transformers conversion; records what it was given."""
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"model_type": "fake"}))
@@ -198,7 +198,7 @@ def test_interrupted_or_bad_fetch_leaves_no_half_cache(fake_model, monkeypatch, 
     model, site, _ = fake_model
     cache = tmp_path / "cache"
 
-    def crash(spec, gguf_dir, gguf_name, out):
+    def crash(spec, gguf_dir, gguf_name, out, progress=True):
         out.mkdir()
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt  # e.g. Ctrl-C during the conversion
@@ -291,13 +291,19 @@ def test_real_smollm2_verifies():
 
 
 @pytest.mark.integration
-def test_real_smollm2_fetches_and_generates():
+def test_real_smollm2_fetches_and_generates(tmp_path, monkeypatch):
     _require_installed("smollm2-135m")
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
 
-    path = hub.fetch("smollm2-135m", progress=False)  # the user cache; fast once converted
+    # A fresh cache, so the GGUF conversion itself is exercised (~25 s on 2 cores)
+    # and the user's cache is left alone.
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    path = hub.fetch("smollm2-135m", progress=False)
+    assert path == tmp_path / "smollm2-135m"
     assert hub.resolve_model_path("smollm2-135m", progress=False) == path
+    assert [p.name for p in tmp_path.iterdir()] == ["smollm2-135m"]  # no work dir left behind
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"

@@ -17,7 +17,7 @@ class HFRunner:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = model.get_output_embeddings().out_features
         self.max_context = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
         self._cache = DynamicCache()
 

@@ -362,8 +362,22 @@ def _fix_tokenizer_and_generation(spec: EmbeddedModel, model, tokenizer) -> None
         tokenizer.model_max_length = max_positions
 
 
-def _convert(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path) -> None:
+def _convert(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path, progress: bool = True) -> None:
     """GGUF -> bf16 safetensors + tokenizer in ``out``."""
+    from transformers.utils import logging as hf_logging
+
+    # transformers draws its own bars (dequantising, loading); honour progress=False.
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        _convert_quietly(spec, gguf_dir, gguf_name, out)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+
+def _convert_quietly(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -428,7 +442,7 @@ def fetch(name: str, progress: bool = True) -> Path:
 
         out = work / "model"
         t0 = time.perf_counter()
-        _convert(spec, gguf_dir, gguf_name, out)
+        _convert(spec, gguf_dir, gguf_name, out, progress=progress)
         if gguf_dir.is_relative_to(work):
             shutil.rmtree(gguf_dir)  # the joined GGUF is only an intermediate
         marker = {
