@@ -16,6 +16,7 @@ speedup (mean of per-prompt tok/s ratios against the same library's plain run).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -44,7 +45,7 @@ PROMPTS = [
 
 
 def hf_generate(model, input_ids, max_new_tokens, assistant=None, k=None):
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=model.generation_config.eos_token_id)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
     if assistant is not None:
         # A constant k, no early stop on low confidence: the same algorithm as specdec's fixed k.
         assistant.generation_config.num_assistant_tokens = k
@@ -58,6 +59,10 @@ def hf_generate(model, input_ids, max_new_tokens, assistant=None, k=None):
     return out[0, input_ids.shape[1]:].tolist(), elapsed
 
 
+def load_done(out_path: Path) -> list[dict]:
+    return [json.loads(line) for line in out_path.read_text().splitlines()] if out_path.exists() else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
@@ -65,80 +70,77 @@ def main() -> None:
     parser.add_argument("--k", default="2,4,6", help="comma-separated draft lengths")
     parser.add_argument("--hf-k", default=None, help="k values for transformers' assisted generation (default: --k)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="first N prompts per category")
+    parser.add_argument("--prompts", type=int, default=5, help="first N prompts per category (max 5)")
     parser.add_argument("--out", default="results/compare_hf_assisted.jsonl")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
     hf_ks = [int(k) for k in (args.hf_k or args.k).split(",") if k]
+    seen: dict[str, int] = {}
+    prompts = [(c, p) for c, p in PROMPTS if seen.setdefault(c, 0) < args.prompts and not seen.update({c: seen[c] + 1})]
 
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    rows = load_done(out_path)
+    done = {(r["prompt"], r["system"], r["k"]) for r in rows}
+    sink = out_path.open("a")
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        sink.write(json.dumps(row) + "\n")
+        sink.flush()
+        tau = row["mean_accepted_length"]
+        print(f"  {row['system']:<14} k={row['k']:<2} {row['tokens_per_s']:6.2f} tok/s"
+              f"{f'  tau={tau:.2f}' if tau else ''}  identical={row['identical']}", flush=True)
+
+    # Phase 1: specdec (oneDNN-packed linears on CPU), plain then each k.
     target = load_model(args.target)
     draft = load_model(args.draft)
     check_same_vocabulary(target.tokenizer, draft.tokenizer)
     tokenizer = target.tokenizer
     eos = eos_ids_of(tokenizer, target.runner.model.generation_config)
     plain = SpecEngine(target.runner, None, tokenizer, eos_token_ids=eos)
-    spec = {k: SpecEngine(target.runner, DraftModelProposer(draft.runner), tokenizer, k=k, eos_token_ids=eos) for k in ks}
     params = SamplingParams(temperature=0.0)
-
-    by_category: dict[str, int] = {}
-    prompts = []
-    for category, prompt in PROMPTS:
-        by_category[category] = by_category.get(category, 0) + 1
-        if by_category[category] <= args.prompts:
-            prompts.append((category, prompt))
-
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    done = set()
-    if out_path.exists():
-        for line in out_path.read_text().splitlines():
-            row = json.loads(line)
-            done.add((row["prompt"], row["system"], row["k"]))
-    rows = [json.loads(line) for line in out_path.read_text().splitlines()] if out_path.exists() else []
-
+    prompt_ids = {prompt: plain.encode(prompt, chat=True) for _, prompt in prompts}
     plain.generate(prompts[0][1], params, max_new_tokens=4, chat=True)  # warm-up
-    with out_path.open("a") as sink:
-        def record(row):
-            rows.append(row)
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            print(f"  {row['system']:<16} k={row['k']!s:<4} {row['tokens_per_s']:6.2f} tok/s  "
-                  f"tau={row.get('mean_accepted_length') or float('nan'):.2f}  identical={row['identical']}", flush=True)
+    engines = [("specdec-plain", 0, plain)] + [
+        ("specdec-draft", k, SpecEngine(target.runner, DraftModelProposer(draft.runner), tokenizer, k=k, eos_token_ids=eos))
+        for k in ks
+    ]
+    for index, (category, prompt) in enumerate(prompts, 1):
+        print(f"[specdec {index}/{len(prompts)}] ({category}) {prompt}", flush=True)
+        for system, k, engine in engines:
+            if (prompt, system, k) in done:
+                continue
+            result = engine.generate(prompt_ids[prompt], params, max_new_tokens=args.max_new_tokens)
+            reference = next((r["token_ids"] for r in rows if r["prompt"] == prompt and r["system"] == "specdec-plain"),
+                             result.token_ids)
+            record(dict(category=category, prompt=prompt, system=system, k=k, tokens=len(result.token_ids),
+                        seconds=result.stats.total_time_s, tokens_per_s=result.stats.tokens_per_s,
+                        mean_accepted_length=result.stats.mean_accepted_length,
+                        acceptance_rate=result.stats.acceptance_rate if k else None,
+                        identical=result.token_ids == reference, token_ids=result.token_ids))
+    del target, draft, plain, engines
+    gc.collect()
 
-        for index, (category, prompt) in enumerate(prompts, 1):
-            print(f"[{index}/{len(prompts)}] ({category}) {prompt}", flush=True)
-            ids = plain.encode(prompt, chat=True)
-            reference = None
-            if (prompt, "specdec-plain", 0) not in done:
-                result = plain.generate(ids, params, max_new_tokens=args.max_new_tokens)
-                reference = result.token_ids
-                record(dict(category=category, prompt=prompt, system="specdec-plain", k=0, tokens=len(result.token_ids),
-                            seconds=result.stats.total_time_s, tokens_per_s=result.stats.tokens_per_s,
-                            mean_accepted_length=1.0, acceptance_rate=None, identical=True, token_ids=reference))
-            else:
-                reference = next(r["token_ids"] for r in rows if r["prompt"] == prompt and r["system"] == "specdec-plain")
-            for k in ks:
-                if (prompt, "specdec-draft", k) in done:
-                    continue
-                result = spec[k].generate(ids, params, max_new_tokens=args.max_new_tokens)
-                record(dict(category=category, prompt=prompt, system="specdec-draft", k=k, tokens=len(result.token_ids),
-                            seconds=result.stats.total_time_s, tokens_per_s=result.stats.tokens_per_s,
-                            mean_accepted_length=result.stats.mean_accepted_length,
-                            acceptance_rate=result.stats.acceptance_rate, identical=result.token_ids == reference))
-            input_ids = torch.tensor([ids])
-            for system, k in [("hf-plain", 0)] + [("hf-assisted", k) for k in hf_ks]:
-                if (prompt, system, k) in done:
-                    continue
-                assistant = draft.runner.model if k else None
-                tokens, seconds = hf_generate(target.runner.model, input_ids, args.max_new_tokens, assistant, k)
-                tokens = [t for t in tokens]
-                # transformers keeps generating pad after EOS only in batches; cut at our EOS set.
-                cut = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
-                tokens = tokens[:cut]
-                record(dict(category=category, prompt=prompt, system=system, k=k, tokens=len(tokens), seconds=seconds,
-                            tokens_per_s=len(tokens) / seconds, mean_accepted_length=None, acceptance_rate=None,
-                            identical=tokens == reference))
-
+    # Phase 2: stock transformers (plain nn.Linear), plain generate() and assisted generation.
+    target = load_model(args.target, cpu_linear="torch")
+    draft = load_model(args.draft, cpu_linear="torch")
+    hf_generate(target.runner.model, torch.tensor([prompt_ids[prompts[0][1]]]), 4)  # warm-up
+    for index, (category, prompt) in enumerate(prompts, 1):
+        print(f"[transformers {index}/{len(prompts)}] ({category}) {prompt}", flush=True)
+        reference = next(r["token_ids"] for r in rows if r["prompt"] == prompt and r["system"] == "specdec-plain")
+        for system, k in [("hf-plain", 0)] + [("hf-assisted", k) for k in hf_ks]:
+            if (prompt, system, k) in done:
+                continue
+            assistant = draft.runner.model if k else None
+            tokens, seconds = hf_generate(target.runner.model, torch.tensor([prompt_ids[prompt]]), args.max_new_tokens,
+                                          assistant, k)
+            cut = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))  # stop at EOS like specdec
+            tokens = tokens[:cut]
+            record(dict(category=category, prompt=prompt, system=system, k=k, tokens=len(tokens), seconds=seconds,
+                        tokens_per_s=len(tokens) / seconds, mean_accepted_length=None, acceptance_rate=None,
+                        identical=tokens == reference, token_ids=tokens))
+    sink.close()
     print_summary(rows)
 
 
@@ -148,16 +150,21 @@ def print_summary(rows: list[dict]) -> None:
     for row in rows:
         for category in (row["category"], "all"):
             groups.setdefault((category, row["system"], row["k"]), []).append(row)
-    print(f"\n{'category':<8}{'system':<16}{'k':>3}{'tok/s':>8}{'tau':>7}{'accept':>9}{'speedup':>9}{'identical':>11}")
+    print(f"\n{'category':<9}{'system':<15}{'k':>3}{'tok/s':>8}{'tau':>7}{'accept':>9}{'speedup':>9}"
+          f"{'vs hf-plain':>13}{'identical':>11}")
     for (category, system, k), group in sorted(groups.items()):
         speedups = [r["tokens_per_s"] / plain_tps[(r["prompt"], system.split("-")[0])] for r in group]
+        vs_hf = [r["tokens_per_s"] / plain_tps[(r["prompt"], "hf")] for r in group if (r["prompt"], "hf") in plain_tps]
         taus = [r["mean_accepted_length"] for r in group if r["mean_accepted_length"] is not None]
         accepts = [r["acceptance_rate"] for r in group if r["acceptance_rate"] is not None]
-        print(f"{category:<8}{system:<16}{k:>3}{statistics.mean(r['tokens_per_s'] for r in group):>8.2f}"
+        print(f"{category:<9}{system:<15}{k:>3}{statistics.mean(r['tokens_per_s'] for r in group):>8.2f}"
               f"{(statistics.mean(taus) if taus else float('nan')):>7.2f}"
               f"{(statistics.mean(accepts) if accepts else float('nan')):>9.1%}"
-              f"{statistics.mean(speedups):>8.2f}x{sum(r['identical'] for r in group):>7}/{len(group)}")
-    print("speedup: mean over prompts of tok/s / tok/s of the same library's plain decoding of that prompt.")
+              f"{statistics.mean(speedups):>8.2f}x{(statistics.mean(vs_hf) if vs_hf else float('nan')):>12.2f}x"
+              f"{sum(r['identical'] for r in group):>8}/{len(group)}")
+    print("speedup: mean over prompts of tok/s / tok/s of the same library's plain decoding of that prompt;\n"
+          "vs hf-plain: the same ratio against stock transformers generate() without an assistant.\n"
+          "identical: greedy tokens equal to specdec's plain decoding.")
 
 
 if __name__ == "__main__":
