@@ -24,20 +24,17 @@ from pathlib import Path
 
 import torch
 
+from specdec.demo import DEMO_PROMPTS
 from specdec.engine import SpecEngine
 from specdec.engine.engine import eos_ids_of
 from specdec.models.loader import check_same_vocabulary, load_model
 from specdec.proposers import DraftModelProposer
 from specdec.sampling import SamplingParams
 
-PROMPTS = [
-    ("code", "Write a Python function `is_prime(n)` that returns True when n is a prime number."),
-    ("code", "Write a Python function that merges two sorted lists into one sorted list."),
-    ("code", "Implement binary search in Python as a function `binary_search(items, target)`."),
+# The demo's five prompts plus five more, so the demo's numbers are a subset of these.
+PROMPTS = DEMO_PROMPTS + [
     ("code", "Write a Python class `Stack` with push, pop, peek and is_empty methods."),
     ("code", "Write a Python function that counts how often each word occurs in a text file."),
-    ("prose", "Explain in a short paragraph why the sky is blue."),
-    ("prose", "Write a short note to a colleague asking to move our meeting to Thursday."),
     ("prose", "Summarise the causes of the French Revolution in a few sentences."),
     ("prose", "Describe a pleasant walk through a forest in autumn."),
     ("prose", "Give three tips for getting better sleep, with one sentence on each."),

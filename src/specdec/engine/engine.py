@@ -97,7 +97,7 @@ class SpecEngine:
                 ids = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
                 )
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
             else:
                 ids = self.tokenizer(prompt)["input_ids"]
         else:
