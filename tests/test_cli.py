@@ -39,6 +39,27 @@ def test_generate_json_with_a_draft_matches_plain(capsys, model_dirs):
     assert set(spec["stats"]) >= {"mean_accepted_length", "acceptance_rate", "tokens_per_s"}
 
 
+@pytest.mark.parametrize("method", ["ngram", "ngram+draft"])
+def test_generate_ngram_methods_match_plain(capsys, model_dirs, method):
+    prompt = "abc abc abc abc"
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "30", "--json", prompt]
+    code, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    plain = json.loads(out)
+    code, out, _ = run(capsys, "generate", "--method", method, "--draft", model_dirs["draft"], "-k", "6",
+                       "--ngram-max", "4", "--ngram-min", "2", "--draft-k", "3", *common)
+    assert code == 0
+    spec = json.loads(out)
+    assert spec["token_ids"] == plain["token_ids"] and spec["method"] == method
+    assert spec["stats"]["drafted_tokens"] > 0
+
+
+def test_bad_ngram_options_fail_before_loading_any_model(capsys):
+    code, _, err = run(capsys, "generate", "--target", "no-such-model", "--method", "ngram",
+                       "--ngram-max", "2", "--ngram-min", "3", "hi")
+    assert code == 2 and "ngram_min (3) must not exceed ngram_max (2)" in err
+    assert "no-such-model" not in err  # refused before the target was looked up
+
+
 def test_generate_streams_text_and_prints_stats(capsys, model_dirs):
     code, out, err = run(capsys, "generate", "--target", model_dirs["target"], "--draft", model_dirs["draft"],
                          "--max-new-tokens", "10", "--stats", "--temperature", "0.9", "--seed", "3", "abc")

@@ -19,10 +19,15 @@ examples:
   specdec generate --chat "Write a Python function that checks whether a number is prime."
   specdec generate --method autoregressive --max-new-tokens 64 "def quicksort(xs):"
   specdec generate --temperature 0.7 --top-p 0.9 --seed 1 --stats --chat "Tell me about tides."
+  specdec generate --method ngram -k 8 --chat "Rename x to total in: def f(x): return x + 1"
+  specdec generate --method ngram+draft -k 8 --draft-k 4 --chat "Summarise: ..."
   specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
 
 Models are names from `specdec models list` (converted on first use) or local
 Hugging Face model directories. The draft must share the target's tokenizer.
+ngram needs no draft model: it copies what followed the context's last n tokens
+earlier in the context (prompt lookup decoding), which pays off when the answer
+repeats the input: code edits, summaries, extraction, multi-turn chat.
 At temperature 0 the output is token for token the target's greedy output;
 at temperature > 0 it follows exactly the target's (warped) distribution.
 """
@@ -36,6 +41,25 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
     parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
 
 
+def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4) -> None:
+    from specdec.proposers.registry import METHODS
+
+    parser.add_argument("--method", default="draft", choices=list(METHODS), metavar="METHOD",
+                        help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
+    parser.add_argument("-k", type=_positive_int, default=k_default,
+                        help=f"draft tokens per step, >= 1 (default: {k_default}; copying with ngram likes 8)")
+    ngram = parser.add_argument_group("n-gram lookup (--method ngram, ngram+draft)")
+    ngram.add_argument("--ngram-max", type=_positive_int, default=3,
+                       help="longest suffix to look up; tried first (default: 3)")
+    ngram.add_argument("--ngram-min", type=_positive_int, default=1,
+                       help="shortest suffix that still counts as a match (default: 1)")
+    ngram.add_argument("--ngram-tie-break", choices=["recent", "random"], default="recent",
+                       help="among equally long continuations: the most recent match, or one drawn with the "
+                            "request's seed (default: recent)")
+    ngram.add_argument("--draft-k", type=_positive_int, default=None,
+                       help="ngram+draft: at most this many draft-model tokens per step (default: k)")
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -44,8 +68,6 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec.proposers.registry import METHODS
-
     parser = argparse.ArgumentParser(
         prog="specdec",
         description="Lossless speculative decoding for Hugging Face language models.",
@@ -58,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     gen.add_argument("prompt", help="the prompt text (use --chat to wrap it in the model's chat template)")
     _add_model_args(gen)
-    gen.add_argument("--method", default="draft", choices=list(METHODS),
-                     help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
-    gen.add_argument("-k", type=_positive_int, default=4, help="draft tokens per step, >= 1 (default: 4)")
+    _add_method_args(gen)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), > 0 samples")
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off (default)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
@@ -74,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="speculative vs plain decoding on built-in prompts, with a speedup table",
                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                          epilog="example:\n  specdec demo -k 4 --max-new-tokens 64\n")
+                          epilog="examples:\n  specdec demo -k 4 --max-new-tokens 64\n"
+                                 "  specdec demo --method ngram -k 8\n")
     _add_model_args(demo)
-    demo.add_argument("-k", type=_positive_int, default=4, help="draft tokens per step (default: 4)")
+    _add_method_args(demo)
     demo.add_argument("--max-new-tokens", type=_positive_int, default=64, help="per prompt (default: 64)")
     demo.add_argument("--prompts", type=_positive_int, default=None, help="use only the first N built-in prompts")
     demo.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
@@ -100,8 +121,11 @@ def _load_engine(args, method: str, k: int):
     from specdec.engine import SpecEngine
     from specdec.engine.engine import eos_ids_of
     from specdec.models.loader import check_same_vocabulary, load_model
-    from specdec.proposers.registry import build_proposer, needs_draft_model
+    from specdec.proposers.registry import build_proposer, check_proposer_options, needs_draft_model
 
+    options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
+                   draft_k=args.draft_k)
+    check_proposer_options(method, **options)
     _log(f"loading target {args.target} ...")
     target = load_model(args.target, device=args.device, dtype=args.dtype)
     _log(f"  {target.path} in {target.load_time_s:.1f}s")
@@ -112,7 +136,7 @@ def _load_engine(args, method: str, k: int):
         _log(f"  {draft.path} in {draft.load_time_s:.1f}s")
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
         draft_runner = draft.runner
-    proposer = build_proposer(method, draft_runner=draft_runner)
+    proposer = build_proposer(method, draft_runner=draft_runner, **options)
     eos = eos_ids_of(target.tokenizer, getattr(target.runner.model, "generation_config", None))
     return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=eos)
 

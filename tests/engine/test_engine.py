@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 from conftest import VOCAB_SIZE, make_model
 from specdec.engine import SpecEngine
 from specdec.models.hf import HFRunner
-from specdec.proposers import DraftModelProposer, DraftProposal
+from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
 from specdec.sampling import SamplingParams, warp_logits
 
 PROMPT = "the quick brown fox"
@@ -148,30 +148,64 @@ def test_seeded_sampling_is_reproducible(plain, draft_runner, tokenizer):
     assert a.token_ids != c.token_ids
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=6)])
-def test_speculative_sampling_is_lossless_end_to_end(params):
-    """Two generated tokens, 2000 seeds: their joint law equals the warped target's.
-
-    The exact law is enumerated from the target itself: p(t1) * p(t2 | t1).
-    """
-    target = HFRunner(make_model(seed=7, hidden=16))
-    draft = HFRunner(make_model(seed=8, layers=1, hidden=16))
-    prompt = [3, 9, 4]
+def _joint_law_of_two_tokens(target: HFRunner, prompt: list[int], params: SamplingParams) -> torch.Tensor:
+    """p(t1) * p(t2 | t1) of the warped target, enumerated: [V*V]."""
     with torch.no_grad():
         first = warp_logits(target.model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
         prefixes = torch.tensor([prompt + [t] for t in range(VOCAB_SIZE)])
         second = warp_logits(target.model(prefixes).logits[:, -1], params)  # [V, V]
-    joint = (first[:, None] * second).flatten().double()  # [V*V]
+    return (first[:, None] * second).flatten().double()
 
-    engine = SpecEngine(target, DraftModelProposer(draft), None, k=2)
+
+def _copyable_prompt(target: HFRunner, params: SamplingParams) -> list[int]:
+    """A prompt [3, b, 4, 3] whose n-gram draft "b" the target accepts about half the time,
+    so both the accept and the reject path of a point-mass draft get exercised."""
+    prompts = torch.tensor([[3, b, 4, 3] for b in range(VOCAB_SIZE)])
+    with torch.no_grad():
+        probs = warp_logits(target.model(prompts).logits[:, -1], params)  # [V, V]
+    p_b = probs[torch.arange(VOCAB_SIZE), torch.arange(VOCAB_SIZE)]  # p(b | [3, b, 4, 3])
+    b = int(torch.minimum(p_b, 1 - p_b).argmax())
+    return [3, b, 4, 3]
+
+
+PROPOSERS = {  # name -> (proposer factory, whether the first step copies from the prompt)
+    "draft": (lambda draft: DraftModelProposer(draft), False),
+    "ngram": (lambda draft: NgramProposer(), True),
+    "ngram+draft falls back": (lambda draft: NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft)), False),
+}
+
+
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("draft", SamplingParams(temperature=0.8)),
+        ("draft", SamplingParams(temperature=1.0, top_k=6)),
+        ("ngram", SamplingParams(temperature=1.0, top_k=6)),
+        ("ngram+draft falls back", SamplingParams(temperature=0.8)),
+    ],
+)
+def test_speculative_sampling_is_lossless_end_to_end(params, method):
+    """Two generated tokens, 2000 seeds: their joint law equals the warped target's.
+
+    The exact law is enumerated from the target itself: p(t1) * p(t2 | t1).
+    Draft-model drafts carry their distribution; n-gram drafts are point masses.
+    """
+    target = HFRunner(make_model(seed=7, hidden=16))
+    draft = HFRunner(make_model(seed=8, layers=1, hidden=16))
+    make_proposer, copies = PROPOSERS[method]
+    prompt = _copyable_prompt(target, params) if copies else [3, 9, 4]
+    joint = _joint_law_of_two_tokens(target, prompt, params)
+
+    engine = SpecEngine(target, make_proposer(draft), None, k=2)
     counts = torch.zeros(VOCAB_SIZE * VOCAB_SIZE, dtype=torch.float64)
-    accepted = 0
+    accepted = drafted = 0
     runs = 2000
     for seed in range(runs):
         out = engine.generate(prompt, SamplingParams(params.temperature, params.top_k, seed=seed), max_new_tokens=2)
         counts[out.token_ids[0] * VOCAB_SIZE + out.token_ids[1]] += 1
         accepted += out.stats.accepted_tokens
-    assert accepted > 0, "the draft never got a token accepted: the test would not exercise acceptance"
+        drafted += out.stats.drafted_tokens
+    assert 0 < accepted < drafted, "both acceptance and rejection must be exercised"
     assert counts[joint == 0].sum() == 0
     big = joint * runs >= 5
     rest = (joint > 0) & ~big  # rare pairs pooled into one cell, when there are any

@@ -5,16 +5,16 @@ from __future__ import annotations
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.hybrid import NgramThenDraftProposer
+from specdec.proposers.ngram import NgramProposer, check_ngram_args
 
 METHODS = {
     "autoregressive": "plain decoding of the target, one token per forward (Chen et al. Algorithm 1)",
     "draft": "a small draft model proposes k tokens, the target verifies them (Chen et al. Algorithm 2)",
+    "ngram": "prompt lookup / LLMA: copy what followed the last n tokens earlier in the context; no draft model",
+    "ngram+draft": "n-gram lookup first, the draft model when the lookup finds no match",
 }
-
-
-def needs_draft_model(method: str) -> bool:
-    check_method(method)
-    return method == "draft"
+_NEEDS_DRAFT_MODEL = {"draft", "ngram+draft"}
 
 
 def check_method(method: str) -> None:
@@ -22,11 +22,45 @@ def check_method(method: str) -> None:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
 
 
-def build_proposer(method: str, *, draft_runner: ModelRunner | None = None) -> Proposer | None:
-    """None means plain decoding: the engine then drafts nothing."""
+def needs_draft_model(method: str) -> bool:
     check_method(method)
+    return method in _NEEDS_DRAFT_MODEL
+
+
+def check_proposer_options(
+    method: str, *, ngram_max: int = 3, ngram_min: int = 1, ngram_tie_break: str = "recent",
+    draft_k: int | None = None,
+) -> None:
+    """Validate before any model is loaded, so a typo costs no load time."""
+    check_method(method)
+    check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
+    if draft_k is not None and (isinstance(draft_k, bool) or not isinstance(draft_k, int) or draft_k < 1):
+        raise ValueError(f"draft_k must be an integer >= 1 or None, got {draft_k!r}")
+
+
+def build_proposer(
+    method: str,
+    *,
+    draft_runner: ModelRunner | None = None,
+    ngram_max: int = 3,
+    ngram_min: int = 1,
+    ngram_tie_break: str = "recent",
+    draft_k: int | None = None,
+) -> Proposer | None:
+    """None means plain decoding: the engine then drafts nothing.
+
+    draft_k caps the draft model's tokens per step in ngram+draft (default: the engine's k).
+    """
+    check_proposer_options(method, ngram_max=ngram_max, ngram_min=ngram_min, ngram_tie_break=ngram_tie_break,
+                           draft_k=draft_k)
     if method == "autoregressive":
         return None
+    if method == "ngram":
+        return NgramProposer(ngram_max, ngram_min, ngram_tie_break)
     if draft_runner is None:
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
-    return DraftModelProposer(draft_runner)
+    if method == "draft":
+        return DraftModelProposer(draft_runner)
+    return NgramThenDraftProposer(
+        NgramProposer(ngram_max, ngram_min, ngram_tie_break), DraftModelProposer(draft_runner), draft_k
+    )
