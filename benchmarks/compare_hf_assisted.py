@@ -19,14 +19,13 @@ import argparse
 import gc
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from specdec.bench.hf_baseline import hf_generate
 from specdec.demo import DEMO_PROMPTS
 from specdec.engine import SpecEngine
-from specdec.engine.engine import eos_ids_of
 from specdec.models.loader import check_same_vocabulary, load_model
 from specdec.proposers import DraftModelProposer
 from specdec.sampling import SamplingParams
@@ -39,21 +38,6 @@ PROMPTS = DEMO_PROMPTS + [
     ("prose", "Describe a pleasant walk through a forest in autumn."),
     ("prose", "Give three tips for getting better sleep, with one sentence on each."),
 ]
-
-
-def hf_generate(model, input_ids, max_new_tokens, assistant=None, k=None):
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
-    if assistant is not None:
-        # A constant k, no early stop on low confidence: the same algorithm as specdec's fixed k.
-        assistant.generation_config.num_assistant_tokens = k
-        assistant.generation_config.num_assistant_tokens_schedule = "constant"
-        assistant.generation_config.assistant_confidence_threshold = 0.0
-        kwargs["assistant_model"] = assistant
-    started = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-    elapsed = time.perf_counter() - started
-    return out[0, input_ids.shape[1]:].tolist(), elapsed
 
 
 def load_done(out_path: Path) -> list[dict]:
@@ -90,11 +74,11 @@ def main() -> None:
               f"{f'  tau={tau:.2f}' if tau else ''}  identical={row['identical']}", flush=True)
 
     # Phase 1: specdec (oneDNN-packed linears on CPU), plain then each k.
-    target = load_model(args.target)
-    draft = load_model(args.draft)
+    target = load_model(args.target, backend="hf")
+    draft = load_model(args.draft, backend="hf")
     check_same_vocabulary(target.tokenizer, draft.tokenizer)
     tokenizer = target.tokenizer
-    eos = eos_ids_of(tokenizer, target.runner.model.generation_config)
+    eos = target.eos_token_ids
     plain = SpecEngine(target.runner, None, tokenizer, eos_token_ids=eos)
     params = SamplingParams(temperature=0.0)
     prompt_ids = {prompt: plain.encode(prompt, chat=True) for _, prompt in prompts}
@@ -120,8 +104,8 @@ def main() -> None:
     gc.collect()
 
     # Phase 2: stock transformers (plain nn.Linear), plain generate() and assisted generation.
-    target = load_model(args.target, cpu_linear="torch")
-    draft = load_model(args.draft, cpu_linear="torch")
+    target = load_model(args.target, backend="hf", cpu_linear="torch")
+    draft = load_model(args.draft, backend="hf", cpu_linear="torch")
     hf_generate(target.runner.model, torch.tensor([prompt_ids[prompts[0][1]]]), 4)  # warm-up
     for index, (category, prompt) in enumerate(prompts, 1):
         print(f"[transformers {index}/{len(prompts)}] ({category}) {prompt}", flush=True)
@@ -130,7 +114,7 @@ def main() -> None:
             if (prompt, system, k) in done:
                 continue
             assistant = draft.runner.model if k else None
-            tokens, seconds = hf_generate(target.runner.model, torch.tensor([prompt_ids[prompt]]), args.max_new_tokens,
+            tokens, seconds, _ = hf_generate(target.runner.model, torch.tensor([prompt_ids[prompt]]), args.max_new_tokens,
                                           assistant, k)
             cut = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))  # stop at EOS like specdec
             tokens = tokens[:cut]

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specdec.models.hf import HFRunner
+from specdec.models.native import DecoderConfig, NativeDecoder, NativeRunner
 
 CHARS = string.ascii_lowercase + " .,!?\n"
 EOS = "<eos>"
@@ -27,18 +28,31 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token=EOS)
 
 
-def make_model(seed: int, family: str = "qwen2", layers: int = 2, hidden: int = 32) -> torch.nn.Module:
+def make_model(seed: int, family: str = "qwen2", layers: int = 2, hidden: int = 32, random_bias: bool = False,
+               **extra) -> torch.nn.Module:
     torch.manual_seed(seed)
     common = dict(
         vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=1, **extra,
     )
     model = Qwen2ForCausalLM(Qwen2Config(**common)) if family == "qwen2" else LlamaForCausalLM(LlamaConfig(**common))
     # Random init gives near-uniform logits; sharpen them so greedy paths and
     # acceptance are not decided by round-off.
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
+        for name, parameter in model.named_parameters():
+            if random_bias and name.endswith("bias"):  # transformers initialises biases to zero
+                parameter.normal_(0.0, 0.5)
     return model.eval()
+
+
+def make_native(model: torch.nn.Module, *, dtype: torch.dtype = torch.float32, quantize: str = "none",
+                head_rows: torch.Tensor | None = None, batch_size: int = 1, **runner_options) -> NativeRunner:
+    """The native runner over the same weights as a transformers model."""
+    config = DecoderConfig.from_hf(model.config.to_dict())
+    decoder = NativeDecoder.from_state_dict(config, dict(model.state_dict()), dtype=dtype,
+                                            device=torch.device("cpu"), quantize=quantize, head_rows=head_rows)
+    return NativeRunner(decoder, batch_size=batch_size, head_rows=head_rows, **runner_options)
 
 
 @pytest.fixture(scope="session")

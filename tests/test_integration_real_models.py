@@ -8,9 +8,8 @@ tokenizer must be refused with a clear error.
 import pytest
 
 from specdec.engine import SpecEngine
-from specdec.engine.engine import eos_ids_of
 from specdec.models.loader import check_same_vocabulary, load_model
-from specdec.proposers import DraftModelProposer
+from specdec.proposers import DraftModelProposer, NgramProposer, NgramThenDraftProposer
 from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -32,7 +31,7 @@ def qwen_pair():
 def test_real_pair_greedy_speculative_equals_plain(qwen_pair, prompt):
     target, draft = qwen_pair
     check_same_vocabulary(target.tokenizer, draft.tokenizer)
-    eos = eos_ids_of(target.tokenizer, target.runner.model.generation_config)
+    eos = target.eos_token_ids
     plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=eos)
     spec = SpecEngine(target.runner, DraftModelProposer(draft.runner), target.tokenizer, k=4, eos_token_ids=eos)
     params = SamplingParams(temperature=0)
@@ -41,6 +40,28 @@ def test_real_pair_greedy_speculative_equals_plain(qwen_pair, prompt):
     assert out.token_ids == reference.token_ids
     assert out.text == reference.text and len(out.text) > 20
     assert out.stats.accepted_tokens > 0 and out.stats.mean_accepted_length > 1.0
+
+
+COPY_PROMPT = (
+    "Rename `values` to `samples` in this function and reply with the code only.\n\n"
+    "def spread(values):\n    lowest = min(values)\n    highest = max(values)\n"
+    "    return highest - lowest, len(values)\n"
+)
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram+draft"])
+def test_real_target_ngram_greedy_equals_plain_and_copies(qwen_pair, method):
+    target, draft = qwen_pair
+    eos = target.eos_token_ids
+    proposer = NgramProposer() if method == "ngram" else NgramThenDraftProposer(
+        NgramProposer(ngram_min=2), DraftModelProposer(draft.runner), draft_max_k=3)
+    plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=eos)
+    spec = SpecEngine(target.runner, proposer, target.tokenizer, k=8, eos_token_ids=eos)
+    params = SamplingParams(temperature=0)
+    reference = plain.generate(COPY_PROMPT, params, max_new_tokens=32, chat=True)
+    out = spec.generate(COPY_PROMPT, params, max_new_tokens=32, chat=True)
+    assert out.token_ids == reference.token_ids and "samples" in out.text
+    assert out.stats.mean_accepted_length > 2.0  # the edit copies most of the function
 
 
 def test_real_pair_seeded_sampling_is_reproducible(qwen_pair):

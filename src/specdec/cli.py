@@ -38,7 +38,18 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
     if draft:
         parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model name or HF directory (default: {DEFAULT_DRAFT})")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto = cuda if available)")
-    parser.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bf16 on CUDA; on CPU bf16 for the native backend where the CPU has bf16 "
+                             "instructions, else fp32), float32, bfloat16, float16")
+    parser.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
+                        help="native: specdec's own Qwen2/Llama decoder (static KV cache, int8/int4 weights); "
+                             "hf: any transformers model; auto (default): native where supported, else hf")
+    parser.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
+                        help="weight-only quantization of both models (native backend; default: none)")
+    if draft:
+        parser.add_argument("--draft-vocab", type=_positive_int, default=None, metavar="N",
+                            help="the draft's head scores only the N most frequent tokens (EAGLE-3's reduced "
+                                 "vocabulary; native backend; lossless; default: the full vocabulary)")
 
 
 def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4) -> None:
@@ -119,7 +130,6 @@ def _log(message: str) -> None:
 
 def _load_engine(args, method: str, k: int):
     from specdec.engine import SpecEngine
-    from specdec.engine.engine import eos_ids_of
     from specdec.models.loader import check_same_vocabulary, load_model
     from specdec.proposers.registry import build_proposer, check_proposer_options, needs_draft_model
 
@@ -127,18 +137,19 @@ def _load_engine(args, method: str, k: int):
                    draft_k=args.draft_k)
     check_proposer_options(method, **options)
     _log(f"loading target {args.target} ...")
-    target = load_model(args.target, device=args.device, dtype=args.dtype)
-    _log(f"  {target.path} in {target.load_time_s:.1f}s")
+    model_options = dict(device=args.device, dtype=args.dtype, backend=args.backend, quantize=args.quantize)
+    target = load_model(args.target, **model_options)
+    _log(f"  {target.describe()} from {target.path} in {target.load_time_s:.1f}s")
     draft_runner = None
     if needs_draft_model(method):
         _log(f"loading draft {args.draft} ...")
-        draft = load_model(args.draft, device=args.device, dtype=args.dtype)
-        _log(f"  {draft.path} in {draft.load_time_s:.1f}s")
+        draft = load_model(args.draft, **model_options, head_vocab=args.draft_vocab)
+        _log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
         draft_runner = draft.runner
     proposer = build_proposer(method, draft_runner=draft_runner, **options)
-    eos = eos_ids_of(target.tokenizer, getattr(target.runner.model, "generation_config", None))
-    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=eos)
+    eos = target.eos_token_ids
+    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=eos), target
 
 
 def _format_stats(stats) -> str:
@@ -156,7 +167,7 @@ def cmd_generate(args) -> int:
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
-    engine = _load_engine(args, args.method, args.k)
+    engine, _ = _load_engine(args, args.method, args.k)
     prompt_kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat)
     if args.json:
         result = engine.generate(args.prompt, params, **prompt_kwargs)

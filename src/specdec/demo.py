@@ -87,11 +87,11 @@ def run_demo(args) -> int:
     from specdec.cli import _load_engine
     from specdec.proposers.registry import needs_draft_model
 
-    spec = _load_engine(args, args.method, args.k)
+    spec, target = _load_engine(args, args.method, args.k)
     plain = SpecEngine(spec.target, None, spec.tokenizer, eos_token_ids=spec.eos_token_ids)
     prompts = DEMO_PROMPTS[: args.prompts] if args.prompts else DEMO_PROMPTS
     proposer = f"draft {args.draft}" if needs_draft_model(args.method) else "no draft model"
-    print(f"target {args.target} | method {args.method} ({proposer}) | k={args.k} | greedy | {args.max_new_tokens} new tokens"
+    print(f"target {target.describe()} | method {args.method} ({proposer}) | k={args.k} | greedy | {args.max_new_tokens} new tokens"
           f" | device {spec.target.device}", flush=True)
     rows = compare(plain, spec, prompts, args.max_new_tokens)
     print("\n" + format_table(rows))

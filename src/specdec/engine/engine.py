@@ -25,6 +25,7 @@ import torch
 
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request
+from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.params import SamplingParams
@@ -47,17 +48,6 @@ class GenerationResult:
     prompt_token_ids: list[int]
     finish_reason: str
     stats: RequestStats = field(default_factory=RequestStats)
-
-
-def eos_ids_of(tokenizer: object | None, model_config: object | None = None) -> frozenset[int]:
-    """Every id that ends generation: the tokenizer's EOS and the generation config's."""
-    ids: set[int] = set()
-    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
-    return frozenset(ids)
 
 
 class SpecEngine:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,9 +11,11 @@ from pathlib import Path
 import torch
 
 from specdec.models.cpu_linear import onednn_available, pack_linears
-from specdec.models.hf import HFRunner
+from specdec.models.runner import ModelRunner
 
 CPU_LINEAR_CHOICES = ("auto", "onednn", "torch")
+BACKENDS = ("auto", "native", "hf")
+QUANTIZATIONS = ("none", "int8", "int4")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -21,9 +25,19 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 class LoadedModel:
     name: str
     path: Path
-    runner: HFRunner
+    runner: ModelRunner
     tokenizer: object
     load_time_s: float
+    backend: str = "hf"  # which runner serves it: "native" or "hf"
+    dtype: torch.dtype = torch.float32
+    quantize: str = "none"
+    eos_token_ids: frozenset[int] = frozenset()  # the tokenizer's and generation_config's
+    head_vocab: int | None = None  # rows of a reduced output head
+
+    def describe(self) -> str:
+        weights = "" if self.quantize == "none" else f", {self.quantize} weights"
+        head = "" if self.head_vocab is None else f", {self.head_vocab}-token head"
+        return f"{self.name} [{self.backend}, {str(self.dtype).removeprefix('torch.')}{weights}{head}]"
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -34,43 +48,114 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """'auto': float32 on CPU (most CPUs have no fast bf16 matmul), bfloat16 on CUDA."""
+def cpu_has_fast_bf16() -> bool:
+    """True where oneDNN runs bf16 matmuls natively (AVX512-BF16 or AMX), not by emulation."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_dtype(dtype: str | None, device: torch.device, backend: str = "hf") -> torch.dtype:
+    """'auto': bfloat16 on CUDA; on CPU bfloat16 for the native backend where the CPU
+    has bf16 instructions, else float32 (transformers' CPU bf16 path is slower than fp32)."""
     if dtype in (None, "auto"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        return torch.bfloat16 if backend == "native" and cpu_has_fast_bf16() else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
     return DTYPES[dtype]
 
 
 def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | None = "auto",
-               cpu_linear: str = "auto", progress: bool = True) -> LoadedModel:
+               backend: str = "auto", quantize: str = "none", cpu_linear: str = "auto",
+               head_vocab: int | None = None, progress: bool = True) -> LoadedModel:
     """An embedded model name (see `specdec models list`) or a local Hugging Face model directory.
 
-    cpu_linear: "auto" packs linear layers for oneDNN on CPU in fp32 (see
-    cpu_linear.py; about 2x cheaper verification of k+1 tokens), "torch" keeps
-    stock nn.Linear, "onednn" insists on packing.
+    backend: "native" (specdec's own Qwen2/Llama decoder, models/native/),
+    "hf" (any transformers model), "auto" = native where the architecture is
+    supported, else hf with a message on stderr.
+    quantize: "int8" or "int4" weight-only quantization (native backend only).
+    cpu_linear (hf backend): "auto" packs linear layers for oneDNN on CPU in
+    fp32 (see cpu_linear.py; about 2x cheaper verification of k+1 tokens),
+    "torch" keeps stock nn.Linear, "onednn" insists on packing.
+    head_vocab (native backend): the output head scores only this many tokens,
+    the most frequent ones (a reduced-vocabulary draft head, reduced_vocab.py).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
     if cpu_linear not in CPU_LINEAR_CHOICES:
         raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEAR_CHOICES)}, got {cpu_linear!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from specdec.models.hub import resolve_model_path
 
-    path = resolve_model_path(name_or_path, progress=progress)
+    path = Path(resolve_model_path(name_or_path, progress=progress))
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(torch_device).eval()
-    can_pack = onednn_available(torch_device, torch_dtype)
+    if backend != "hf":
+        from specdec.models.native import UnsupportedModelError, read_config
+
+        try:
+            read_config(path)
+        except UnsupportedModelError as reason:
+            if backend == "native":
+                raise ValueError(f"--backend native cannot run {name_or_path}: {reason}") from None
+            print(f"specdec: {name_or_path}: {reason}; using the transformers backend", file=sys.stderr)
+            backend = "hf"
+        else:
+            backend = "native"
+    if backend == "hf" and (quantize != "none" or head_vocab is not None):
+        raise ValueError("int8/int4 weights and reduced draft heads need the native backend")
+    torch_dtype = resolve_dtype(dtype, torch_device, backend)
+    if quantize == "int4" and (torch_device.type != "cpu" or torch_dtype != torch.bfloat16):
+        raise ValueError("int4 weights run on CPU with bfloat16 activations (--dtype bf16)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if backend == "native":
+        from specdec.models.native import load_native_runner, read_config
+        from specdec.models.native.reduced_vocab import frequent_token_ids
+
+        head_rows = None
+        if head_vocab is not None:
+            head_rows = frequent_token_ids(tokenizer, head_vocab, read_config(path).vocab_size)
+        runner = load_native_runner(path, dtype=torch_dtype, device=torch_device, quantize=quantize,
+                                    head_rows=head_rows)
+    else:
+        runner = _load_hf_runner(path, torch_dtype, torch_device, cpu_linear)
+    return LoadedModel(name_or_path, path, runner, tokenizer, time.perf_counter() - started, backend, torch_dtype,
+                       quantize, _eos_ids(path, tokenizer), head_vocab if backend == "native" else None)
+
+
+def _load_hf_runner(path: Path, dtype: torch.dtype, device: torch.device, cpu_linear: str) -> ModelRunner:
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.hf import HFRunner
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    can_pack = onednn_available(device, dtype)
     if cpu_linear == "onednn" and not can_pack:
         raise ValueError("cpu_linear='onednn' needs a CPU device, float32 and a torch built with oneDNN")
     if cpu_linear != "torch" and can_pack:
         pack_linears(model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return LoadedModel(name_or_path, Path(path), HFRunner(model), tokenizer, time.perf_counter() - started)
+    return HFRunner(model)
+
+
+def eos_ids_of(tokenizer: object | None, model_config: object | None = None) -> frozenset[int]:
+    """Every id that ends generation: the tokenizer's EOS and the generation config's."""
+    ids: set[int] = set()
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def _eos_ids(path: Path, tokenizer: object) -> frozenset[int]:
+    from transformers import GenerationConfig
+
+    generation = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
+    return eos_ids_of(tokenizer, generation)
 
 
 def check_same_vocabulary(target_tokenizer: object, draft_tokenizer: object) -> None:

@@ -60,7 +60,8 @@ def _pick(positions: list[int], count: int, context_len: int, max_k: int, tie_br
         return positions[0]
     if tie_break == "recent":
         return positions[full - 1]
-    return positions[int(torch.randint(full, (1,), generator=generator))]
+    device = generator.device if generator is not None else "cpu"  # a CUDA request's generator lives on CUDA
+    return positions[int(torch.randint(full, (1,), generator=generator, device=device))]
 
 
 def find_match(

@@ -1,0 +1,149 @@
+"""specdec's native runner vs transformers on the embedded pair: one process, one run.
+
+For each prompt of the code suite (chat template, greedy, 128 new tokens) and
+for each configuration, interleaved prompt by prompt so machine drift hits
+all of them alike:
+  transformers plain      model.generate(), fp32, stock nn.Linear
+  transformers assisted   model.generate(assistant_model=draft), transformers' defaults
+  specdec plain (hf)      specdec's engine on the transformers backend (fp32, oneDNN-packed linears)
+  specdec plain (native)  the native decoder, one row per --native weight format
+  specdec draft (native)  speculative decoding with the native draft, for each k in --k
+It prints tokens/s (summed tokens / summed seconds) and each ratio, the
+memory-bandwidth bound of one native target forward (weight bytes read per
+token / measured copy bandwidth), how close plain native decoding comes to
+it, and the per-step overhead outside model forwards. Every speculative
+output must equal plain decoding of the same runner, token for token.
+
+  python benchmarks/native_runner.py                      # the full run (about 30 minutes on 2 cores)
+  python benchmarks/native_runner.py --prompts 2 --k 4    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from specdec.bench.hf_baseline import hf_generate
+from specdec.bench.suites import suite
+from specdec.bench.timing import TimedRunner, copy_bandwidth_gbs, weight_bytes_per_token
+from specdec.engine import SpecEngine
+from specdec.models.loader import check_same_vocabulary, load_model
+from specdec.proposers import DraftModelProposer
+from specdec.sampling import SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--suite", default="code")
+    parser.add_argument("--prompts", type=int, default=10, help="first N prompts of the suite (default: 10)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--native", nargs="+", default=["none", "int8"], choices=["none", "int8", "int4"],
+                        help="native weight formats to run (bf16 activations; default: none int8)")
+    parser.add_argument("--k", type=int, nargs="+", default=[3, 4, 5, 6], help="draft lengths to try (default: 3 4 5 6)")
+    parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers' own generate()")
+    parser.add_argument("--json", default="benchmarks/results/native_runner.json")
+    args = parser.parse_args()
+    prompts = suite(args.suite)[: args.prompts]
+    params = SamplingParams(temperature=0.0)
+
+    # Configurations: name -> callable(prompt) -> (token_ids, seconds, engine stats or None).
+    configs: dict[str, object] = {}
+    timed: dict[str, tuple[TimedRunner, TimedRunner]] = {}  # label -> (target, draft) forward timers
+    hf_target = load_model(args.target, backend="hf", cpu_linear="torch")
+    tokenizer = hf_target.tokenizer
+    prompt_ids = {p: SpecEngine(hf_target.runner, None, tokenizer).encode(p, chat=True) for _, p in prompts}
+    if not args.skip_transformers:
+        hf_draft = load_model(args.draft, backend="hf", cpu_linear="torch")
+        check_same_vocabulary(tokenizer, hf_draft.tokenizer)
+        configs["transformers plain"] = lambda p: hf_generate(hf_target.runner.model, prompt_ids[p], args.max_new_tokens)
+        configs["transformers assisted"] = lambda p: hf_generate(hf_target.runner.model, prompt_ids[p],
+                                                                 args.max_new_tokens, assistant=hf_draft.runner.model)
+    packed_target = load_model(args.target, backend="hf")  # fp32 with oneDNN-packed linears: our hf path
+    engines = {"specdec plain (hf)": SpecEngine(packed_target.runner, None, tokenizer,
+                                                eos_token_ids=packed_target.eos_token_ids)}
+    bytes_per_token = {}
+    for quantize in args.native:
+        target = load_model(args.target, backend="native", quantize=quantize)
+        draft = load_model(args.draft, backend="native", quantize=quantize)
+        label = f"native {target.describe().split('[')[1].rstrip(']')}"
+        bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
+        timed_target, timed_draft = timed[label] = TimedRunner(target.runner), TimedRunner(draft.runner)
+        engines[f"specdec plain ({label})"] = SpecEngine(timed_target, None, tokenizer,
+                                                         eos_token_ids=target.eos_token_ids)
+        for k in args.k:
+            engines[f"specdec draft k={k} ({label})"] = SpecEngine(
+                timed_target, DraftModelProposer(timed_draft), tokenizer, k=k, eos_token_ids=target.eos_token_ids)
+    for name, engine in engines.items():
+        configs[name] = lambda p, engine=engine: _run_engine(engine, prompt_ids[p], params, args.max_new_tokens)
+    gc.collect()
+
+    for run in configs.values():  # warm-up: allocations, kernel selection
+        run(prompts[0][1])
+    rows = {name: [] for name in configs}
+    for index, (_, prompt) in enumerate(prompts, 1):
+        print(f"[{index}/{len(prompts)}] {prompt[:70]!r}", flush=True)
+        for name, run in configs.items():
+            for runner in (runner for pair in timed.values() for runner in pair):
+                runner.forward_s, runner.forwards = 0.0, 0
+            tokens, seconds, stats = run(prompt)
+            label = name.split("(")[-1].rstrip(")")
+            forward_s = sum(runner.forward_s for runner in timed[label]) if label in timed else None
+            rows[name].append(dict(prompt=prompt, tokens=tokens, seconds=seconds, forward_s=forward_s,
+                                   tau=stats.mean_accepted_length if stats else None,
+                                   decode_s=stats.decode_time_s if stats else None))
+            print(f"  {name:<34}{len(tokens):>4} tok {len(tokens) / seconds:7.2f} tok/s", flush=True)
+    bandwidth = copy_bandwidth_gbs()
+    report = summarise(rows, bandwidth, bytes_per_token)
+    print(report)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth_gbs=bandwidth,
+                                               bytes_per_token=bytes_per_token, rows=rows, report=report), indent=1))
+
+
+def _run_engine(engine: SpecEngine, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int):
+    result = engine.generate(prompt_ids, params, max_new_tokens=max_new_tokens)
+    return result.token_ids, result.stats.total_time_s, result.stats
+
+
+def _rate(rows: list[dict]) -> float:
+    return sum(len(r["tokens"]) for r in rows) / sum(r["seconds"] for r in rows)
+
+
+def summarise(rows: dict[str, list[dict]], bandwidth: float, bytes_per_token: dict[str, int]) -> str:
+    base_name = "transformers plain" if "transformers plain" in rows else "specdec plain (hf)"
+    base = _rate(rows[base_name])
+    lines = ["", f"{'configuration':<36}{'tok/s':>7}{'vs ' + base_name:>24}{'vs own plain':>14}{'tau':>6}  identical"]
+    for name, got in rows.items():
+        label = name.split("(")[-1].rstrip(")")
+        own_plain = f"specdec plain ({label})" if name.startswith("specdec") else base_name
+        plain_rows = {r["prompt"]: r for r in rows.get(own_plain, [])}
+        same = sum(r["tokens"] == plain_rows[r["prompt"]]["tokens"] for r in got if r["prompt"] in plain_rows)
+        tau = statistics.mean(r["tau"] for r in got) if got[0]["tau"] else 1.0
+        lines.append(f"{name:<36}{_rate(got):>7.2f}{_rate(got) / base:>23.2f}x"
+                     f"{_rate(got) / _rate(rows[own_plain]):>13.2f}x{tau:>6.2f}  {same}/{len(got)}")
+    lines.append(f"\nmeasured copy bandwidth: {bandwidth:.1f} GB/s (read + write)")
+    for label, size in bytes_per_token.items():
+        bound = bandwidth * 1e9 / size
+        plain = rows[f"specdec plain ({label})"]
+        decode_rate = sum(len(r["tokens"]) - 1 for r in plain) / sum(r["decode_s"] for r in plain)
+        lines.append(f"{label}: {size / 1e9:.2f} GB of weights per token -> bound {bound:.1f} tok/s; "
+                     f"plain decode steps reach {decode_rate:.2f} tok/s = {decode_rate / bound:.0%} of it")
+    lines.append("time outside model forwards (engine, proposer, verification; % of request time):")
+    for name, got in rows.items():
+        if got[0]["forward_s"] is not None:
+            overhead = 1 - sum(r["forward_s"] for r in got) / sum(r["seconds"] for r in got)
+            lines.append(f"  {name:<34}{overhead:>6.1%}")
+    lines.append("tok/s = summed tokens / summed seconds (prefill included); identical = same tokens as the "
+                 "configuration's own plain decoding")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Prompt suites and benchmark helpers."""

@@ -1,0 +1,136 @@
+"""Weight formats for the native decoder's projections: dense, int8 and int4 weight-only.
+
+Decoding one token reads every weight once, so on a CPU its time is the bytes
+of weights over the memory bandwidth (Leviathan et al. 2022, section 3.4, for
+why verification of k+1 tokens then costs about the same as one). Fewer bytes
+per weight is the lever: bf16 halves fp32, int8 halves bf16, int4 halves int8.
+Activations stay in the compute dtype (weight-only quantization), using
+PyTorch's own CPU kernels: `_weight_int8pack_mm` (per-output-channel scales,
+as in gpt-fast) and `_weight_int4pack_mm_for_cpu` (group-wise asymmetric
+scales, the "tinygemm" layout of torchao).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+QUANTIZATIONS = ("none", "int8", "int4")
+INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantized with
+
+
+class DenseLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:  # [N, K], [N]
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+PACKED_ROWS_HINT = 9  # oneDNN picks the packed layout for this many rows: k=8 verification
+
+
+def can_pack_for_cpu(device: torch.device, dtype: torch.dtype) -> bool:
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """fp32 or bf16 weights reordered once into oneDNN's blocked layout (what inductor's CPU backend does).
+
+    Measured on the 2-core AVX512-BF16 EPYC (benchmarks/native_kernels.py, the
+    17920 x 1536 gate/up matrix): bf16 takes ~0.9 ms for 1 row and ~1.2 ms
+    for 9, against ~1.6 / 1.9 ms for F.linear on the same bf16 weight, which
+    reorders it on every call. A flat cost from 1 to 9 rows is what makes
+    verifying k drafts nearly free.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(nn.Module):
+    """w[n, :] ~= weight_int8[n, :] * scales[n]: symmetric, one scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        weight = weight.float()
+        scales = weight.abs().amax(dim=1).clamp_min(1e-8) / 127.0  # [N]
+        self.register_buffer("weight_int8", torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales.to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+        self.out_features, self.in_features = weight.shape
+
+    def dequantized(self) -> torch.Tensor:  # [N, K], for tests and quality reports
+        return self.weight_int8.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch._weight_int8pack_mm(rows, self.weight_int8, self.scales)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(nn.Module):
+    """Group-wise asymmetric 4-bit: w ~= (q - 8) * scale + zero, one (scale, zero) per group of K.
+
+    The layout torch._weight_int4pack_mm_for_cpu expects (torchao's tinygemm
+    convention); it needs bf16 activations and K divisible by the group size.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = INT4_GROUP_SIZE) -> None:
+        super().__init__()
+        out_features, in_features = weight.shape
+        if in_features % group_size:
+            raise ValueError(f"int4 needs in_features ({in_features}) divisible by the group size {group_size}")
+        groups = weight.float().reshape(out_features, in_features // group_size, group_size)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # [N, G]
+        scales = ((high - low) / 15.0).clamp_min(1e-8)
+        zeros = low + scales * 8.0
+        q = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32)
+        q = q.reshape(out_features, in_features)
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1))
+        # [G, N, 2]: per group and output channel, (scale, zero).
+        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1)
+                             .contiguous().to(torch.bfloat16))
+        self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
+        self.group_size = group_size
+        self.out_features, self.in_features = out_features, in_features
+
+    def dequantized(self) -> torch.Tensor:  # [N, K]
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return self.forward(eye).float().T.contiguous() - (0 if self.bias is None else self.bias.float()[:, None])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch.dtype, device: torch.device,
+                quantize: str = "none") -> nn.Module:
+    """One projection [N, K] in the requested format, on `device`."""
+    if quantize == "int8":
+        return Int8Linear(weight.to(device), None if bias is None else bias.to(device), dtype)
+    if quantize == "int4":
+        if device.type != "cpu":
+            raise ValueError("int4 weights use PyTorch's CPU kernel; on CUDA use --quantize none or int8")
+        return Int4Linear(weight, bias)
+    if quantize != "none":
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    weight = weight.to(device=device, dtype=dtype)
+    bias = None if bias is None else bias.to(device=device, dtype=dtype)
+    return PackedLinear(weight, bias) if can_pack_for_cpu(device, dtype) else DenseLinear(weight, bias)

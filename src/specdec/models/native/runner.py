@@ -1,0 +1,67 @@
+"""NativeRunner: the ModelRunner over NativeDecoder and a StaticKVCache."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.models.kv_cache import StaticKVCache
+from specdec.models.native.model import NativeDecoder
+from specdec.models.runner import ForwardOutput
+
+
+class NativeRunner:
+    """Any batch size; rows may hold different lengths (per-row truncate).
+
+    head_rows [N] (optional): the decoder's head scores only these target ids
+    (a reduced-vocabulary draft, as in EAGLE-3, Li et al. 2025, arXiv 2503.01840);
+    the N logits are scattered back into a full-width row with -inf elsewhere,
+    so callers see the usual [B, T, V] and never sample an unscored token.
+    """
+
+    def __init__(self, decoder: NativeDecoder, *, batch_size: int = 1, vocab_size: int | None = None,
+                 head_rows: torch.Tensor | None = None, max_context: int | None = None,
+                 initial_cache_len: int = 2048) -> None:
+        config = decoder.config
+        self.decoder = decoder
+        self.device = decoder.device
+        self.vocab_size = vocab_size or config.vocab_size
+        self.max_context = max_context or config.max_position_embeddings
+        self.head_rows = None if head_rows is None else head_rows.to(self.device)
+        self.cache = StaticKVCache(num_layers=config.num_layers, batch_size=batch_size,
+                                   num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+                                   max_capacity=self.max_context, dtype=decoder.dtype, device=self.device,
+                                   initial_capacity=initial_cache_len)
+
+    @property
+    def seq_len(self) -> int:
+        return max(self.cache.seq_lens)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [B, T]
+        positions: torch.Tensor,  # [B, T]
+        *,
+        last_n_logits: int | None = None,
+        among_new: torch.Tensor | None = None,  # [B, T, T] bool, which new tokens each new token sees
+    ) -> ForwardOutput:
+        if token_ids.shape[0] != len(self.cache.seq_lens):
+            raise ValueError(f"this runner was built for batch size {len(self.cache.seq_lens)}, "
+                             f"got {token_ids.shape[0]} rows")
+        logits, hidden = self.decoder(token_ids.to(self.device), positions.to(self.device), self.cache,
+                                      among_new=among_new, last_n_logits=last_n_logits)
+        if self.head_rows is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            logits = full.index_copy_(-1, self.head_rows, logits)
+        elif logits.shape[-1] != self.vocab_size:
+            logits = logits[..., : self.vocab_size]
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def truncate(self, seq_lens: torch.Tensor) -> None:
+        lengths = [int(n) for n in seq_lens.reshape(-1).tolist()]
+        if len(lengths) == 1 and len(self.cache.seq_lens) > 1:
+            lengths = lengths * len(self.cache.seq_lens)
+        self.cache.truncate([min(new, old) for new, old in zip(lengths, self.cache.seq_lens)])
+
+    def reset(self) -> None:
+        self.cache.reset()

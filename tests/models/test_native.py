@@ -1,0 +1,227 @@
+"""The native decoder against transformers on the same weights, and its static cache."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import VOCAB_SIZE, make_model, make_native, make_tokenizer
+from specdec.engine import SpecEngine
+from specdec.models.hf import HFRunner
+from specdec.models.loader import load_model
+from specdec.models.native import DecoderConfig, UnsupportedModelError
+from specdec.models.native.linear import Int4Linear, Int8Linear
+from specdec.models.native.model import attention_mask
+from specdec.sampling import SamplingParams
+
+FAMILIES = [("qwen2", {}), ("llama", {}), ("llama", {"tie_word_embeddings": True, "head_dim": 16})]
+
+
+def _ids(length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB_SIZE, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family,extra", FAMILIES)
+def test_native_logits_match_transformers(family, extra):
+    model = make_model(random_bias=True, seed=11, family=family, **extra)
+    native, reference = make_native(model), HFRunner(model)
+    ids, positions = _ids(20), torch.arange(20)[None]
+    expected = reference.forward(ids, positions).logits
+    got = native.forward(ids, positions).logits
+    assert got.shape == expected.shape == (1, 20, VOCAB_SIZE)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    # ...and one token at a time through the cache.
+    native.reset()
+    stepwise = torch.cat([native.forward(ids[:, i:i + 1], positions[:, i:i + 1]).logits for i in range(20)], dim=1)
+    torch.testing.assert_close(stepwise, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_generation_identical_to_transformers_in_fp32():
+    model = make_model(random_bias=True, seed=12)
+    tokenizer = make_tokenizer()
+    params = SamplingParams(temperature=0.0)
+    hf = SpecEngine(HFRunner(model), None, tokenizer).generate("hello there", params, max_new_tokens=40)
+    native = SpecEngine(make_native(model), None, tokenizer).generate("hello there", params, max_new_tokens=40)
+    assert native.token_ids == hf.token_ids
+    assert len(native.token_ids) > 5
+
+
+def test_truncate_then_reforward_equals_fresh_run():
+    native = make_native(make_model(random_bias=True, seed=13))
+    ids, wrong = _ids(10, seed=1), _ids(4, seed=2)
+    native.forward(ids[:, :6], torch.arange(6)[None])
+    native.forward(wrong, torch.arange(6, 10)[None])  # a rejected draft
+    native.truncate(torch.tensor([6]))
+    assert native.seq_len == 6
+    again = native.forward(ids[:, 6:], torch.arange(6, 10)[None]).logits
+    native.reset()
+    fresh = native.forward(ids, torch.arange(10)[None]).logits[:, 6:]
+    torch.testing.assert_close(again, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_grows_past_its_initial_capacity():
+    native = make_native(make_model(random_bias=True, seed=14), initial_cache_len=8)  # a 30-token run must grow it twice
+    ids = _ids(30, seed=3)
+    parts = [native.forward(ids[:, i:i + 5], torch.arange(i, i + 5)[None]).logits for i in range(0, 30, 5)]
+    native.reset()
+    fresh = native.forward(ids, torch.arange(30)[None]).logits
+    assert native.cache.capacity >= 30
+    torch.testing.assert_close(torch.cat(parts, dim=1), fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_context_overflow_is_a_clear_error():
+    native = make_native(make_model(random_bias=True, seed=14))
+    with pytest.raises(ValueError, match="context of 256"):
+        native.forward(torch.zeros(1, 300, dtype=torch.int64), torch.arange(300)[None])
+
+
+def test_tree_mask_forward_equals_each_branch_run_alone():
+    """Two branches after a shared prefix, fed in one forward with an ancestor mask."""
+    native = make_native(make_model(random_bias=True, seed=15))
+    prefix, branch_a, branch_b = _ids(6, seed=4), _ids(3, seed=5), _ids(2, seed=6)
+    native.forward(prefix, torch.arange(6)[None])
+    tokens = torch.cat([branch_a, branch_b], dim=1)  # [1, 5]
+    positions = torch.tensor([[6, 7, 8, 6, 7]])  # both branches start right after the prefix
+    among_new = torch.tensor([[1, 0, 0, 0, 0],
+                              [1, 1, 0, 0, 0],
+                              [1, 1, 1, 0, 0],
+                              [0, 0, 0, 1, 0],
+                              [0, 0, 0, 1, 1]], dtype=torch.bool)[None]
+    tree = native.forward(tokens, positions, among_new=among_new).logits
+    for branch, columns in ((branch_a, slice(0, 3)), (branch_b, slice(3, 5))):
+        native.reset()
+        alone = native.forward(torch.cat([prefix, branch], dim=1), torch.arange(6 + branch.shape[1])[None]).logits
+        torch.testing.assert_close(tree[:, columns], alone[:, 6:], atol=1e-5, rtol=1e-5)
+
+
+def test_attention_mask_worked_example():
+    # Row 0 has 2 cached tokens, row 1 has 1; both feed 2 new tokens (S = 4).
+    mask = attention_mask([2, 1], 2, 4, None, torch.device("cpu"))[:, 0].int().tolist()
+    assert mask == [[[1, 1, 1, 0], [1, 1, 1, 1]],
+                    [[1, 1, 0, 0], [1, 1, 1, 0]]]
+    assert attention_mask([5], 1, 6, None, torch.device("cpu")) is None
+
+
+def test_batch_rows_of_different_lengths_match_single_rows():
+    model = make_model(random_bias=True, seed=16)
+    batch = make_native(model, batch_size=2)
+    single = make_native(model)
+    long_ids, short_ids = _ids(7, seed=7), _ids(4, seed=8)
+    batch.forward(torch.cat([long_ids, torch.cat([short_ids, short_ids[:, :3]], dim=1)]),
+                  torch.arange(7).expand(2, 7))
+    batch.truncate(torch.tensor([7, 4]))  # row 1 really has 4 tokens
+    step = _ids(2, seed=9).expand(2, 2)
+    got = batch.forward(step, torch.stack([torch.arange(7, 9), torch.arange(4, 6)])).logits
+    for row, ids in enumerate((long_ids, short_ids)):
+        single.reset()
+        expected = single.forward(torch.cat([ids, step[:1]], dim=1), torch.arange(ids.shape[1] + 2)[None]).logits
+        torch.testing.assert_close(got[row], expected[0, -2:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_equals_its_dequantized_weight(dtype):
+    weight, x = torch.randn(48, 64), torch.randn(5, 64)
+    linear = Int8Linear(weight, torch.randn(48), dtype)
+    expected = x @ linear.dequantized().T + linear.bias.float()
+    torch.testing.assert_close(linear(x.to(dtype)).float(), expected, atol=0.1 if dtype == torch.bfloat16 else 1e-4,
+                               rtol=0.02 if dtype == torch.bfloat16 else 1e-4)
+    # Half a quantization step; a bf16 scale (8 mantissa bits) can add up to another half at |q| = 127.
+    steps = 0.5 if dtype == torch.float32 else 1.0
+    assert (linear.dequantized() - weight).abs().max() <= weight.abs().max() / 127 * steps + 1e-6
+
+
+def test_int4_linear_is_close_to_the_weight():
+    weight, x = torch.randn(48, 64), torch.randn(5, 64)
+    linear = Int4Linear(weight, None, group_size=32)
+    # Asymmetric 4-bit: error at most half a step of (max - min) / 15 per group.
+    step = (weight.reshape(48, 2, 32).amax(-1) - weight.reshape(48, 2, 32).amin(-1)) / 15
+    error = (linear.dequantized() - weight).abs().reshape(48, 2, 32).amax(-1)
+    assert (error <= step / 2 * 1.02 + 0.02).all()
+    torch.testing.assert_close(linear(x.to(torch.bfloat16)).float(), x @ linear.dequantized().T, atol=0.15, rtol=0.03)
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_model_mostly_agrees_with_fp32(quantize):
+    model = make_model(random_bias=True, seed=17, hidden=64)
+    ids, positions = _ids(40, seed=10), torch.arange(40)[None]
+    exact = make_native(model).forward(ids, positions).logits
+    quantized = make_native(model, dtype=torch.bfloat16, quantize=quantize).forward(ids, positions).logits
+    agreement = (quantized.argmax(-1) == exact.argmax(-1)).float().mean()
+    assert agreement >= (0.9 if quantize == "int8" else 0.75)
+
+
+def test_reduced_head_scores_only_its_rows():
+    model = make_model(random_bias=True, seed=18)
+    rows = torch.tensor([1, 5, 9, 20, 33])
+    ids, positions = _ids(6, seed=11), torch.arange(6)[None]
+    full = make_native(model).forward(ids, positions).logits
+    reduced = make_native(model, head_rows=rows).forward(ids, positions).logits
+    assert reduced.shape == full.shape
+    torch.testing.assert_close(reduced[..., rows], full[..., rows], atol=1e-5, rtol=1e-5)
+    others = torch.ones(VOCAB_SIZE, dtype=torch.bool)
+    others[rows] = False
+    assert torch.isneginf(reduced[..., others]).all()
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"model_type": "gpt2"}, "gpt2"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "yarn"),
+    ({"hidden_act": "gelu"}, "gelu"),
+])
+def test_unsupported_configs_name_the_reason(change, reason):
+    config = make_model(random_bias=True, seed=0).config.to_dict() | change
+    with pytest.raises(UnsupportedModelError, match=reason):
+        DecoderConfig.from_hf(config)
+
+
+def test_loader_picks_native_and_falls_back_to_transformers(tmp_path, capsys):
+    model, tokenizer = make_model(random_bias=True, seed=19), make_tokenizer()
+    supported = tmp_path / "qwen"
+    model.save_pretrained(supported)
+    tokenizer.save_pretrained(supported)
+    loaded = load_model(str(supported), device="cpu", dtype="float32", progress=False)
+    assert loaded.backend == "native"
+    assert loaded.eos_token_ids == frozenset({1})
+    ids = _ids(8, seed=12)
+    torch.testing.assert_close(loaded.runner.forward(ids, torch.arange(8)[None]).logits,
+                               HFRunner(model).forward(ids, torch.arange(8)[None]).logits, atol=1e-4, rtol=1e-4)
+
+    config = json.loads((supported / "config.json").read_text())
+    (supported / "config.json").write_text(json.dumps(config | {"use_sliding_window": True, "sliding_window": 4}))
+    fallback = load_model(str(supported), device="cpu", dtype="float32", progress=False)
+    assert fallback.backend == "hf"
+    assert "using the transformers backend" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--backend native cannot run"):
+        load_model(str(supported), backend="native", progress=False)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        load_model(str(supported), backend="tensorrt", progress=False)
+
+
+def test_frequent_token_ids_keeps_specials_then_most_frequent():
+    from specdec.models.native.reduced_vocab import frequent_token_ids
+
+    tokenizer = make_tokenizer()
+    ids = frequent_token_ids(tokenizer, 5, VOCAB_SIZE, texts=["aaaa bbb cc", "a b"])
+    expected = {tokenizer.convert_tokens_to_ids(c) for c in "ab "} | set(tokenizer.all_special_ids)
+    assert ids.tolist() == sorted(expected)  # <unk>, <eos>, then a (5), b (4), space (3)
+    assert frequent_token_ids(tokenizer, VOCAB_SIZE, VOCAB_SIZE).tolist() == list(range(VOCAB_SIZE))
+    with pytest.raises(ValueError, match=">= 1"):
+        frequent_token_ids(tokenizer, 0, VOCAB_SIZE)
+
+
+def test_reduced_vocabulary_draft_keeps_greedy_output_exact():
+    from specdec.proposers import DraftModelProposer
+
+    tokenizer, params = make_tokenizer(), SamplingParams(temperature=0.0)
+    no_eos = frozenset()  # run all 30 tokens
+    target = make_native(make_model(random_bias=True, seed=20))
+    plain = SpecEngine(target, None, tokenizer, eos_token_ids=no_eos).generate("the cat sat", params,
+                                                                               max_new_tokens=30)
+    # The draft (same weights) cannot score the target's most frequent token, so it must miss some.
+    missing = max(set(plain.token_ids), key=plain.token_ids.count)
+    rows = torch.tensor([i for i in range(VOCAB_SIZE) if i != missing])
+    draft = make_native(make_model(random_bias=True, seed=20), head_rows=rows)
+    spec = SpecEngine(target, DraftModelProposer(draft), tokenizer, k=4, eos_token_ids=no_eos).generate(
+        "the cat sat", params, max_new_tokens=30)
+    assert spec.token_ids == plain.token_ids
+    assert 0 < spec.stats.accepted_tokens < spec.stats.drafted_tokens
