@@ -44,8 +44,10 @@ def main() -> None:
     parser.add_argument("--suite", default="code")
     parser.add_argument("--prompts", type=int, default=10, help="first N prompts of the suite (default: 10)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--native", nargs="+", default=["none", "int8"], choices=["none", "int8", "int4"],
-                        help="native weight formats to run (bf16 activations; default: none int8)")
+    parser.add_argument("--native", nargs="+", default=["none/int4", "none/int4/32768", "int8/int4"],
+                        metavar="TARGET/DRAFT[/VOCAB]",
+                        help="native weight formats (none, int8, int4; bf16 activations) of target and draft, and "
+                             "optionally the draft head's vocabulary size (default: none/int4 none/int4/32768 int8/int4)")
     parser.add_argument("--k", type=int, nargs="+", default=[3, 4, 5, 6], help="draft lengths to try (default: 3 4 5 6)")
     parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers' own generate()")
     parser.add_argument("--json", default="benchmarks/results/native_runner.json")
@@ -55,7 +57,6 @@ def main() -> None:
 
     # Configurations: name -> callable(prompt) -> (token_ids, seconds, engine stats or None).
     configs: dict[str, object] = {}
-    timed: dict[str, tuple[TimedRunner, TimedRunner]] = {}  # label -> (target, draft) forward timers
     hf_target = load_model(args.target, backend="hf", cpu_linear="torch")
     tokenizer = hf_target.tokenizer
     prompt_ids = {p: SpecEngine(hf_target.runner, None, tokenizer).encode(p, chat=True) for _, p in prompts}
@@ -69,17 +70,29 @@ def main() -> None:
     engines = {"specdec plain (hf)": SpecEngine(packed_target.runner, None, tokenizer,
                                                 eos_token_ids=packed_target.eos_token_ids)}
     bytes_per_token = {}
-    for quantize in args.native:
-        target = load_model(args.target, backend="native", quantize=quantize)
-        draft = load_model(args.draft, backend="native", quantize=quantize)
-        label = f"native {target.describe().split('[')[1].rstrip(']')}"
-        bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
-        timed_target, timed_draft = timed[label] = TimedRunner(target.runner), TimedRunner(draft.runner)
-        engines[f"specdec plain ({label})"] = SpecEngine(timed_target, None, tokenizer,
-                                                         eos_token_ids=target.eos_token_ids)
+    native_targets, native_drafts = {}, {}  # loaded once per format, shared by configurations
+    for spec in args.native:
+        target_format, draft_format, *vocab = spec.split("/")
+        draft_vocab = int(vocab[0]) if vocab else None
+        if target_format not in native_targets:
+            native_targets[target_format] = load_model(args.target, backend="native", quantize=target_format)
+            target = native_targets[target_format]
+            label = target.describe().split("[")[1].rstrip("]")
+            bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
+            engines[f"specdec plain ({label})"] = SpecEngine(TimedRunner(target.runner), None, tokenizer,
+                                                             eos_token_ids=target.eos_token_ids)
+        target = native_targets[target_format]
+        label = target.describe().split("[")[1].rstrip("]")
+        if (draft_format, draft_vocab) not in native_drafts:
+            native_drafts[draft_format, draft_vocab] = load_model(args.draft, backend="native", quantize=draft_format,
+                                                                  head_vocab=draft_vocab)
+        draft = native_drafts[draft_format, draft_vocab]
+        timed_target = engines[f"specdec plain ({label})"].target
+        draft_label = draft.describe().split("[")[1].rstrip("]").replace("native, bfloat16", "").strip(", ") or "bf16"
         for k in args.k:
-            engines[f"specdec draft k={k} ({label})"] = SpecEngine(
-                timed_target, DraftModelProposer(timed_draft), tokenizer, k=k, eos_token_ids=target.eos_token_ids)
+            name = f"specdec draft k={k} [{draft_label} draft] ({label})"
+            engines[name] = SpecEngine(timed_target, DraftModelProposer(TimedRunner(draft.runner)), tokenizer, k=k,
+                                       eos_token_ids=target.eos_token_ids)
     for name, engine in engines.items():
         configs[name] = lambda p, engine=engine: _run_engine(engine, prompt_ids[p], params, args.max_new_tokens)
     gc.collect()
@@ -90,21 +103,29 @@ def main() -> None:
     for index, (_, prompt) in enumerate(prompts, 1):
         print(f"[{index}/{len(prompts)}] {prompt[:70]!r}", flush=True)
         for name, run in configs.items():
-            for runner in (runner for pair in timed.values() for runner in pair):
+            timers = _timers(engines.get(name))
+            for runner in timers:
                 runner.forward_s, runner.forwards = 0.0, 0
             tokens, seconds, stats = run(prompt)
-            label = name.split("(")[-1].rstrip(")")
-            forward_s = sum(runner.forward_s for runner in timed[label]) if label in timed else None
+            forward_s = sum(runner.forward_s for runner in timers) if timers else None
             rows[name].append(dict(prompt=prompt, tokens=tokens, seconds=seconds, forward_s=forward_s,
                                    tau=stats.mean_accepted_length if stats else None,
                                    decode_s=stats.decode_time_s if stats else None))
-            print(f"  {name:<34}{len(tokens):>4} tok {len(tokens) / seconds:7.2f} tok/s", flush=True)
+            print(f"  {name:<58}{len(tokens):>4} tok {len(tokens) / seconds:7.2f} tok/s", flush=True)
     bandwidth = copy_bandwidth_gbs()
     report = summarise(rows, bandwidth, bytes_per_token)
     print(report)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth_gbs=bandwidth,
                                                bytes_per_token=bytes_per_token, rows=rows, report=report), indent=1))
+
+
+def _timers(engine: SpecEngine | None) -> list[TimedRunner]:
+    """The forward timers inside a configuration: its target's and its draft's."""
+    if engine is None:
+        return []
+    runners = [engine.target, getattr(engine.proposer, "runner", None)]
+    return [runner for runner in runners if isinstance(runner, TimedRunner)]
 
 
 def _run_engine(engine: SpecEngine, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int):
@@ -119,15 +140,15 @@ def _rate(rows: list[dict]) -> float:
 def summarise(rows: dict[str, list[dict]], bandwidth: float, bytes_per_token: dict[str, int]) -> str:
     base_name = "transformers plain" if "transformers plain" in rows else "specdec plain (hf)"
     base = _rate(rows[base_name])
-    lines = ["", f"{'configuration':<36}{'tok/s':>7}{'vs ' + base_name:>24}{'vs own plain':>14}{'tau':>6}  identical"]
+    lines = ["", f"{'configuration':<58}{'tok/s':>7}{'vs ' + base_name:>24}{'vs own plain':>14}{'tau':>6}  identical"]
     for name, got in rows.items():
         label = name.split("(")[-1].rstrip(")")
         own_plain = f"specdec plain ({label})" if name.startswith("specdec") else base_name
         plain_rows = {r["prompt"]: r for r in rows.get(own_plain, [])}
         same = sum(r["tokens"] == plain_rows[r["prompt"]]["tokens"] for r in got if r["prompt"] in plain_rows)
-        tau = statistics.mean(r["tau"] for r in got) if got[0]["tau"] else 1.0
-        lines.append(f"{name:<36}{_rate(got):>7.2f}{_rate(got) / base:>23.2f}x"
-                     f"{_rate(got) / _rate(rows[own_plain]):>13.2f}x{tau:>6.2f}  {same}/{len(got)}")
+        tau = f"{statistics.mean(r['tau'] for r in got):6.2f}" if got[0]["tau"] else f"{'-':>6}"
+        lines.append(f"{name:<58}{_rate(got):>7.2f}{_rate(got) / base:>23.2f}x"
+                     f"{_rate(got) / _rate(rows[own_plain]):>13.2f}x{tau}  {same}/{len(got)}")
     lines.append(f"\nmeasured copy bandwidth: {bandwidth:.1f} GB/s (read + write)")
     for label, size in bytes_per_token.items():
         bound = bandwidth * 1e9 / size
@@ -139,7 +160,7 @@ def summarise(rows: dict[str, list[dict]], bandwidth: float, bytes_per_token: di
     for name, got in rows.items():
         if got[0]["forward_s"] is not None:
             overhead = 1 - sum(r["forward_s"] for r in got) / sum(r["seconds"] for r in got)
-            lines.append(f"  {name:<34}{overhead:>6.1%}")
+            lines.append(f"  {name:<58}{overhead:>6.1%}")
     lines.append("tok/s = summed tokens / summed seconds (prefill included); identical = same tokens as the "
                  "configuration's own plain decoding")
     return "\n".join(lines)

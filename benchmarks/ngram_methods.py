@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--suites", nargs="+", default=["input-grounded", "free"])
     parser.add_argument("--prompts", type=int, default=None, help="first N prompts of each category")
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--backend", default="hf", choices=["hf", "native"],
+                        help="model backend (default: hf, which the README's n-gram table was measured with)")
     parser.add_argument("--out", default="benchmarks/results/ngram_methods.jsonl")
     parser.add_argument("--summary-only", action="store_true", help="print the summary of --out; load no model")
     args = parser.parse_args()
@@ -95,10 +97,10 @@ def main() -> None:
         print(summarise(rows, methods))
         return
 
-    target = load_model(args.target)
+    target = load_model(args.target, backend=args.backend)
     draft = None
     if any(needs_draft_model(name) for name, _ in parsed.values()):
-        draft = load_model(args.draft)
+        draft = load_model(args.draft, backend=args.backend)
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
     tokenizer = target.tokenizer
     eos = target.eos_token_ids

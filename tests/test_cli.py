@@ -101,3 +101,32 @@ def test_incompatible_draft_tokenizer_is_refused(capsys, model_dirs, tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(other)
     code, _, err = run(capsys, "generate", "--target", model_dirs["target"], "--draft", str(other), "hi")
     assert code == 2 and "incompatible" in err
+
+
+def test_native_and_transformers_backends_agree_in_fp32(capsys, model_dirs):
+    outputs = {}
+    for backend in ("native", "hf"):
+        code, out, err = run(capsys, "generate", "--target", model_dirs["target"], "--backend", backend,
+                             "--dtype", "float32", "--method", "autoregressive", "--max-new-tokens", "25",
+                             "--json", "hello world")
+        assert code == 0
+        outputs[backend] = json.loads(out)["token_ids"]
+        assert f"[{backend}, float32]" in err  # the log names the backend that served it
+    assert outputs["native"] == outputs["hf"]
+
+
+def test_quantized_reduced_vocabulary_draft_keeps_output_exact(capsys, model_dirs):
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "25", "--json", "hello world"]
+    code, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    plain = json.loads(out)
+    code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], "--draft-quantize", "int8",
+                         "--draft-vocab", "20", "-k", "3", *common)
+    assert code == 0, err
+    assert "int8 weights, 20-token head" in err
+    assert json.loads(out)["token_ids"] == plain["token_ids"]
+
+
+def test_quantizing_on_the_transformers_backend_is_refused(capsys, model_dirs):
+    code, _, err = run(capsys, "generate", "--target", model_dirs["target"], "--backend", "hf", "--quantize", "int8",
+                       "--method", "autoregressive", "hi")
+    assert code == 2 and "need the native backend" in err and "Traceback" not in err

