@@ -1,14 +1,14 @@
 """specdec's native runner vs transformers on the embedded pair: one process, one run.
 
 For each prompt of the code suite (chat template, greedy, 128 new tokens) and
-for each configuration, interleaved prompt by prompt so machine drift hits
-all of them alike:
+for each configuration:
   transformers plain      model.generate(), fp32, stock nn.Linear
   transformers assisted   model.generate(assistant_model=draft), transformers' defaults
   specdec plain (hf)      specdec's engine on the transformers backend (fp32, oneDNN-packed linears)
   specdec plain (native)  the native decoder, one row per --native weight format
   specdec draft (native)  speculative decoding with the native draft, for each k in --k
-It prints tokens/s (summed tokens / summed seconds) and each ratio, the
+(three phases, one after another, because all these models at once do not
+fit in 24 GiB; within a phase configurations alternate prompt by prompt). It prints tokens/s (summed tokens / summed seconds) and each ratio, the
 memory-bandwidth bound of one native target forward (weight bytes read per
 token / measured copy bandwidth), how close plain native decoding comes to
 it, and the per-step overhead outside model forwards. Every speculative
@@ -50,74 +50,103 @@ def main() -> None:
                              "optionally the draft head's vocabulary size (default: none/int4 none/int4/32768 int8/int4)")
     parser.add_argument("--k", type=int, nargs="+", default=[3, 4, 5, 6], help="draft lengths to try (default: 3 4 5 6)")
     parser.add_argument("--skip-transformers", action="store_true", help="leave out transformers' own generate()")
+    parser.add_argument("--native-only", action="store_true",
+                        help="only the native configurations (e.g. to sweep --native formats and draft vocabularies)")
     parser.add_argument("--json", default="benchmarks/results/native_runner.json")
     args = parser.parse_args()
     prompts = suite(args.suite)[: args.prompts]
     params = SamplingParams(temperature=0.0)
 
-    # Configurations: name -> callable(prompt) -> (token_ids, seconds, engine stats or None).
-    configs: dict[str, object] = {}
-    hf_target = load_model(args.target, backend="hf", cpu_linear="torch")
-    tokenizer = hf_target.tokenizer
-    prompt_ids = {p: SpecEngine(hf_target.runner, None, tokenizer).encode(p, chat=True) for _, p in prompts}
-    if not args.skip_transformers:
-        hf_draft = load_model(args.draft, backend="hf", cpu_linear="torch")
-        check_same_vocabulary(tokenizer, hf_draft.tokenizer)
-        configs["transformers plain"] = lambda p: hf_generate(hf_target.runner.model, prompt_ids[p], args.max_new_tokens)
-        configs["transformers assisted"] = lambda p: hf_generate(hf_target.runner.model, prompt_ids[p],
-                                                                 args.max_new_tokens, assistant=hf_draft.runner.model)
-    packed_target = load_model(args.target, backend="hf")  # fp32 with oneDNN-packed linears: our hf path
-    engines = {"specdec plain (hf)": SpecEngine(packed_target.runner, None, tokenizer,
-                                                eos_token_ids=packed_target.eos_token_ids)}
-    bytes_per_token = {}
-    native_targets, native_drafts = {}, {}  # loaded once per format, shared by configurations
-    for spec in args.native:
-        target_format, draft_format, *vocab = spec.split("/")
-        draft_vocab = int(vocab[0]) if vocab else None
-        if target_format not in native_targets:
-            native_targets[target_format] = load_model(args.target, backend="native", quantize=target_format)
-            target = native_targets[target_format]
-            label = target.describe().split("[")[1].rstrip("]")
-            bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
-            engines[f"specdec plain ({label})"] = SpecEngine(TimedRunner(target.runner), None, tokenizer,
-                                                             eos_token_ids=target.eos_token_ids)
-        target = native_targets[target_format]
-        label = target.describe().split("[")[1].rstrip("]")
-        if (draft_format, draft_vocab) not in native_drafts:
-            native_drafts[draft_format, draft_vocab] = load_model(args.draft, backend="native", quantize=draft_format,
-                                                                  head_vocab=draft_vocab)
-        draft = native_drafts[draft_format, draft_vocab]
-        timed_target = engines[f"specdec plain ({label})"].target
-        draft_label = draft.describe().split("[")[1].rstrip("]").replace("native, bfloat16", "").strip(", ") or "bf16"
-        for k in args.k:
-            name = f"specdec draft k={k} [{draft_label} draft] ({label})"
-            engines[name] = SpecEngine(timed_target, DraftModelProposer(TimedRunner(draft.runner)), tokenizer, k=k,
-                                       eos_token_ids=target.eos_token_ids)
-    for name, engine in engines.items():
-        configs[name] = lambda p, engine=engine: _run_engine(engine, prompt_ids[p], params, args.max_new_tokens)
-    gc.collect()
-
-    for run in configs.values():  # warm-up: allocations, kernel selection
-        run(prompts[0][1])
-    rows = {name: [] for name in configs}
-    for index, (_, prompt) in enumerate(prompts, 1):
-        print(f"[{index}/{len(prompts)}] {prompt[:70]!r}", flush=True)
-        for name, run in configs.items():
-            timers = _timers(engines.get(name))
-            for runner in timers:
-                runner.forward_s, runner.forwards = 0.0, 0
-            tokens, seconds, stats = run(prompt)
-            forward_s = sum(runner.forward_s for runner in timers) if timers else None
-            rows[name].append(dict(prompt=prompt, tokens=tokens, seconds=seconds, forward_s=forward_s,
-                                   tau=stats.mean_accepted_length if stats else None,
-                                   decode_s=stats.decode_time_s if stats else None))
-            print(f"  {name:<58}{len(tokens):>4} tok {len(tokens) / seconds:7.2f} tok/s", flush=True)
+    rows: dict[str, list[dict]] = {}
+    bytes_per_token: dict[str, int] = {}
+    prompt_ids: dict[str, list[int]] = {}
+    # Phases bound the memory (all models at once do not fit in 24 GiB); within a
+    # phase the configurations are interleaved prompt by prompt.
+    phases = [] if args.native_only else ([] if args.skip_transformers else [transformers_phase]) + [hf_backend_phase]
+    for phase in [*phases, native_phase]:
+        configs, engines = phase(args, bytes_per_token)
+        if not prompt_ids:
+            encoder = next(iter(engines.values()))
+            prompt_ids.update({p: encoder.encode(p, chat=True) for _, p in prompts})
+        run_phase(configs, engines, prompts, prompt_ids, params, args.max_new_tokens, rows)
+        del configs, engines
+        gc.collect()
     bandwidth = copy_bandwidth_gbs()
     report = summarise(rows, bandwidth, bytes_per_token)
     print(report)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(dict(args=vars(args), bandwidth_gbs=bandwidth,
                                                bytes_per_token=bytes_per_token, rows=rows, report=report), indent=1))
+
+
+def transformers_phase(args, bytes_per_token):
+    """transformers' own generate(), plain and assisted (its defaults), stock fp32 nn.Linear."""
+    target = load_model(args.target, backend="hf", cpu_linear="torch")
+    draft = load_model(args.draft, backend="hf", cpu_linear="torch")
+    check_same_vocabulary(target.tokenizer, draft.tokenizer)
+    configs = {
+        "transformers plain": lambda ids: hf_generate(target.runner.model, ids, args.max_new_tokens),
+        "transformers assisted": lambda ids: hf_generate(target.runner.model, ids, args.max_new_tokens,
+                                                         assistant=draft.runner.model),
+    }
+    return configs, {"encoder": SpecEngine(target.runner, None, target.tokenizer)}
+
+
+def hf_backend_phase(args, bytes_per_token):
+    """specdec's engine on the transformers backend (fp32, oneDNN-packed linears)."""
+    target = load_model(args.target, backend="hf")
+    return {}, {"specdec plain (hf)": SpecEngine(target.runner, None, target.tokenizer,
+                                                 eos_token_ids=target.eos_token_ids)}
+
+
+def native_phase(args, bytes_per_token):
+    """Every --native TARGET/DRAFT[/VOCAB] format: plain decoding and speculative decoding at each k."""
+    engines = {}
+    targets, drafts = {}, {}  # loaded once per format, shared by configurations
+    for spec in args.native:
+        target_format, draft_format, *vocab = spec.split("/")
+        draft_vocab = int(vocab[0]) if vocab else None
+        if target_format not in targets:
+            target = targets[target_format] = load_model(args.target, backend="native", quantize=target_format)
+            label = target.describe().split("[")[1].rstrip("]")
+            bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
+            engines[f"specdec plain ({label})"] = SpecEngine(TimedRunner(target.runner), None, target.tokenizer,
+                                                             eos_token_ids=target.eos_token_ids)
+        target = targets[target_format]
+        label = target.describe().split("[")[1].rstrip("]")
+        if (draft_format, draft_vocab) not in drafts:
+            drafts[draft_format, draft_vocab] = load_model(args.draft, backend="native", quantize=draft_format,
+                                                           head_vocab=draft_vocab)
+        draft = drafts[draft_format, draft_vocab]
+        timed_target = engines[f"specdec plain ({label})"].target
+        draft_label = draft.describe().split("[")[1].rstrip("]").replace("native, bfloat16", "").strip(", ") or "bf16"
+        for k in args.k:
+            engines[f"specdec draft k={k} [{draft_label} draft] ({label})"] = SpecEngine(
+                timed_target, DraftModelProposer(TimedRunner(draft.runner)), target.tokenizer, k=k,
+                eos_token_ids=target.eos_token_ids)
+    return {}, engines
+
+
+def run_phase(configs, engines, prompts, prompt_ids, params, max_new_tokens, rows) -> None:
+    """configs: name -> callable(prompt ids) -> (tokens, seconds, stats); engines run through the engine."""
+    runs = dict(configs)
+    for name, engine in engines.items():
+        if name != "encoder":
+            runs[name] = lambda ids, engine=engine: _run_engine(engine, ids, params, max_new_tokens)
+    for run in runs.values():  # warm-up: allocations, kernel selection
+        run(prompt_ids[prompts[0][1]])
+    for index, (_, prompt) in enumerate(prompts, 1):
+        print(f"[{index}/{len(prompts)}] {prompt[:70]!r}", flush=True)
+        for name, run in runs.items():
+            timers = _timers(engines.get(name))
+            for runner in timers:
+                runner.forward_s, runner.forwards = 0.0, 0
+            tokens, seconds, stats = run(prompt_ids[prompt])
+            forward_s = sum(runner.forward_s for runner in timers) if timers else None
+            rows.setdefault(name, []).append(dict(
+                prompt=prompt, tokens=tokens, seconds=seconds, forward_s=forward_s,
+                tau=stats.mean_accepted_length if stats else None, decode_s=stats.decode_time_s if stats else None))
+            print(f"  {name:<58}{len(tokens):>4} tok {len(tokens) / seconds:7.2f} tok/s", flush=True)
 
 
 def _timers(engine: SpecEngine | None) -> list[TimedRunner]:
@@ -138,7 +167,7 @@ def _rate(rows: list[dict]) -> float:
 
 
 def summarise(rows: dict[str, list[dict]], bandwidth: float, bytes_per_token: dict[str, int]) -> str:
-    base_name = "transformers plain" if "transformers plain" in rows else "specdec plain (hf)"
+    base_name = next((name for name in ("transformers plain", "specdec plain (hf)") if name in rows), next(iter(rows)))
     base = _rate(rows[base_name])
     lines = ["", f"{'configuration':<58}{'tok/s':>7}{'vs ' + base_name:>24}{'vs own plain':>14}{'tau':>6}  identical"]
     for name, got in rows.items():
