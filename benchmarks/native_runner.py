@@ -26,7 +26,6 @@ import json
 import statistics
 from pathlib import Path
 
-import torch
 
 from specdec.bench.hf_baseline import hf_generate
 from specdec.bench.suites import suite
