@@ -168,14 +168,16 @@ def _rate(rows: list[dict]) -> float:
 def summarise(rows: dict[str, list[dict]], bandwidth: float, bytes_per_token: dict[str, int]) -> str:
     base_name = next((name for name in ("transformers plain", "specdec plain (hf)") if name in rows), next(iter(rows)))
     base = _rate(rows[base_name])
-    lines = ["", f"{'configuration':<58}{'tok/s':>7}{'vs ' + base_name:>24}{'vs own plain':>14}{'tau':>6}  identical"]
+    base_header = f"vs {base_name}"
+    width = max(24, len(base_header) + 2)
+    lines = ["", f"{'configuration':<58}{'tok/s':>7}{base_header:>{width}}{'vs own plain':>14}{'tau':>6}  identical"]
     for name, got in rows.items():
         label = name.split("(")[-1].rstrip(")")
         own_plain = f"specdec plain ({label})" if name.startswith("specdec") else base_name
         plain_rows = {r["prompt"]: r for r in rows.get(own_plain, [])}
         same = sum(r["tokens"] == plain_rows[r["prompt"]]["tokens"] for r in got if r["prompt"] in plain_rows)
         tau = f"{statistics.mean(r['tau'] for r in got):6.2f}" if got[0]["tau"] else f"{'-':>6}"
-        lines.append(f"{name:<58}{_rate(got):>7.2f}{_rate(got) / base:>23.2f}x"
+        lines.append(f"{name:<58}{_rate(got):>7.2f}{_rate(got) / base:>{width - 1}.2f}x"
                      f"{_rate(got) / _rate(rows[own_plain]):>13.2f}x{tau}  {same}/{len(got)}")
     lines.append(f"\nmeasured copy bandwidth: {bandwidth:.1f} GB/s (read + write)")
     for label, size in bytes_per_token.items():
