@@ -1,0 +1,1 @@
+"""Theory next to measurement: closed forms of speculative decoding's expected gains."""

@@ -1,0 +1,71 @@
+"""Closed forms of speculative decoding (Leviathan et al. 2022, arXiv 2211.17192, section 3).
+
+alpha: the expected acceptance rate of one drafted token, E[sum_x min(p(x), q(x))]
+(Definition 3.1; beta is its per-position value, alpha its expectation).
+k (gamma in the paper): drafted tokens per loop. c: the cost of one draft
+step relative to one target step (section 3.4).
+
+Worked example (Leviathan et al., section 3, and the issue's seed tables):
+>>> round(expected_tokens_per_loop(0.8, 4), 3)
+3.362
+>>> round(walltime_speedup(0.7, 4, 0.01), 3)
+2.666
+"""
+
+from __future__ import annotations
+
+
+def _check(alpha: float, k: int, c: float = 0.0) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if c < 0:
+        raise ValueError(f"c (draft cost / target cost) must be >= 0, got {c}")
+
+
+def expected_tokens_per_loop(alpha: float, k: int) -> float:
+    """(1 - alpha^(k+1)) / (1 - alpha): mean tokens one loop emits (Leviathan et al., Equation 1).
+
+    The accepted prefix length is a capped geometric variable; the +1 is the
+    target's own recovered or bonus token. At alpha = 1 every draft is accepted: k + 1.
+    """
+    _check(alpha, k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def walltime_speedup(alpha: float, k: int, c: float) -> float:
+    """(1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)): expected speedup over plain decoding (Theorem 3.8).
+
+    One loop costs k draft steps and one target step, k c + 1 target-step units.
+    """
+    _check(alpha, k, c)
+    return expected_tokens_per_loop(alpha, k) / (k * c + 1.0)
+
+
+def arithmetic_operations_factor(alpha: float, k: int, c_ops: float) -> float:
+    """(1 - alpha)(k c_ops + k + 1) / (1 - alpha^(k+1)): expected arithmetic work relative to plain decoding
+    (Theorem 3.11); c_ops = draft operations per token / target operations per token. The target
+    scores k + 1 positions per loop, so speculation trades extra operations for fewer serial steps."""
+    _check(alpha, k, c_ops)
+    return (k * c_ops + k + 1.0) / expected_tokens_per_loop(alpha, k)
+
+
+def optimal_k(alpha: float, c: float, max_k: int = 32) -> int:
+    """The k in 1..max_k with the largest walltime_speedup (Leviathan et al., Figure 3); ties -> smaller k."""
+    return max(range(1, max_k + 1), key=lambda k: (walltime_speedup(alpha, k, c), -k))
+
+
+def speedup_from_step_times(tokens_per_loop: float, k: int, draft_step_s: float, target_step_s: float) -> float:
+    """Speedup from measured quantities: tokens per loop x one target step / (k draft steps + one target step).
+
+    The worked example of the seed document: 0.8125 accepted per position of
+    k + 1 = 5, a 73.3 ms target step and an 11.9 ms draft step:
+    >>> round(speedup_from_step_times(0.8125 * 5, 4, 11.9, 73.3), 2)
+    2.46
+    """
+    if tokens_per_loop < 1 or draft_step_s < 0 or target_step_s <= 0:
+        raise ValueError("need tokens_per_loop >= 1, draft_step_s >= 0 and target_step_s > 0")
+    return tokens_per_loop * target_step_s / (k * draft_step_s + target_step_s)
