@@ -152,8 +152,7 @@ def _load_engine(args, method: str, k: int):
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
         draft_runner = draft.runner
     proposer = build_proposer(method, draft_runner=draft_runner, **options)
-    eos = target.eos_token_ids
-    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=eos), target
+    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids), target
 
 
 def _format_stats(stats) -> str:

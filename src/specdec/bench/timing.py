@@ -68,7 +68,7 @@ def weight_bytes_per_token(module: torch.nn.Module, skip: tuple[str, ...] = ("em
     """
     seen, total = set(), 0
     packed = [(f"{name}.packed_weight", child.packed_weight) for name, child in module.named_modules()
-              if isinstance(getattr(child, "packed_weight", None), torch.Tensor)]  # OneDNNLinear keeps a plain attribute
+              if isinstance(getattr(child, "packed_weight", None), torch.Tensor)]  # packed linears keep a plain attribute
     for name, tensor in [*module.named_parameters(), *module.named_buffers(), *packed]:
         if tensor is None or name.split(".")[-1] in skip or name in skip:
             continue

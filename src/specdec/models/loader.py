@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from specdec.models.cpu_linear import onednn_available, pack_linears
+from specdec.models.native.linear import QUANTIZATIONS
 from specdec.models.runner import ModelRunner
 
 CPU_LINEAR_CHOICES = ("auto", "onednn", "torch")
 BACKENDS = ("auto", "native", "hf")
-QUANTIZATIONS = ("none", "int8", "int4")
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -95,11 +95,12 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     path = Path(resolve_model_path(name_or_path, progress=progress))
     torch_device = resolve_device(device)
     started = time.perf_counter()
+    native_config = None
     if backend != "hf":
         from specdec.models.native import UnsupportedModelError, read_config
 
         try:
-            read_config(path)
+            native_config = read_config(path)
         except UnsupportedModelError as reason:
             if backend == "native":
                 raise ValueError(f"--backend native cannot run {name_or_path}: {reason}") from None
@@ -117,14 +118,14 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
         raise ValueError("int4 weights run on CPU with bfloat16 activations (--dtype bf16)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if backend == "native":
-        from specdec.models.native import load_native_runner, read_config
+        from specdec.models.native import load_native_runner
         from specdec.models.native.reduced_vocab import frequent_token_ids
 
         head_rows = None
         if head_vocab is not None:
-            head_rows = frequent_token_ids(tokenizer, head_vocab, read_config(path).vocab_size)
+            head_rows = frequent_token_ids(tokenizer, head_vocab, native_config.vocab_size)
         runner = load_native_runner(path, dtype=torch_dtype, device=torch_device, quantize=quantize,
-                                    head_rows=head_rows)
+                                    head_rows=head_rows, config=native_config)
     else:
         runner = _load_hf_runner(path, torch_dtype, torch_device, cpu_linear)
     return LoadedModel(name_or_path, path, runner, tokenizer, time.perf_counter() - started, backend, torch_dtype,

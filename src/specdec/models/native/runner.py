@@ -18,13 +18,13 @@ class NativeRunner:
     so callers see the usual [B, T, V] and never sample an unscored token.
     """
 
-    def __init__(self, decoder: NativeDecoder, *, batch_size: int = 1, vocab_size: int | None = None,
+    def __init__(self, decoder: NativeDecoder, *, batch_size: int = 1,
                  head_rows: torch.Tensor | None = None, max_context: int | None = None,
                  initial_cache_len: int = 2048) -> None:
         config = decoder.config
         self.decoder = decoder
         self.device = decoder.device
-        self.vocab_size = vocab_size or config.vocab_size
+        self.vocab_size = config.vocab_size
         self.max_context = max_context or config.max_position_embeddings
         self.head_rows = None if head_rows is None else head_rows.to(self.device)
         self.cache = StaticKVCache(num_layers=config.num_layers, batch_size=batch_size,
@@ -53,8 +53,6 @@ class NativeRunner:
         if self.head_rows is not None:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_rows, logits)
-        elif logits.shape[-1] != self.vocab_size:
-            logits = logits[..., : self.vocab_size]
         return ForwardOutput(logits=logits, hidden=hidden)
 
     def truncate(self, seq_lens: torch.Tensor) -> None:
