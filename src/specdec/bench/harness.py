@@ -1,0 +1,189 @@
+"""The benchmark loop: every (prompt, repeat, temperature, method) once, one JSONL row each.
+
+In the spirit of Spec-Bench (Xia et al. 2024): one target, every method on the
+same prompts in the same process, plain decoding through the same engine as
+the baseline, the chat template applied, multi-turn prompts answered turn by
+turn with the method's own earlier answers. The loop is interleaved (all
+methods of one prompt before the next prompt) so that a machine that slows down
+halfway slows every method alike. Rows are appended as they finish; a rerun
+skips the rows already in the file, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.bench.prompt_sets import BenchPrompt
+from specdec.engine import SpecEngine
+from specdec.sampling import SamplingParams
+
+AUTOREGRESSIVE = "autoregressive"
+RESULTS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str
+    k: int  # 0 for plain decoding
+
+    @property
+    def label(self) -> str:
+        return self.method if self.k == 0 else f"{self.method} k={self.k}"
+
+
+def method_grid(methods: list[str], ks: list[int]) -> list[MethodSpec]:
+    """autoregressive once (always, first: it is the baseline), every other method at every k."""
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"k values must be integers >= 1, got {ks}")
+    grid = [MethodSpec(AUTOREGRESSIVE, 0)]
+    for method in dict.fromkeys(methods):
+        if method != AUTOREGRESSIVE:
+            grid.extend(MethodSpec(method, k) for k in dict.fromkeys(ks))
+    return grid
+
+
+@dataclass
+class BenchPlan:
+    prompts: list[BenchPrompt]
+    methods: list[MethodSpec]
+    temperatures: list[float]
+    repeats: int = 1
+    max_new_tokens: int = 128
+    top_p: float = 1.0
+    seed: int = 0
+    run_info: dict = field(default_factory=dict)  # models, backend, machine: stored with the rows
+
+    def __post_init__(self) -> None:
+        if any(t < 0 for t in self.temperatures) or not self.temperatures:
+            raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+        if self.repeats < 1 or self.max_new_tokens < 1:
+            raise ValueError("repeats and max_new_tokens must be >= 1")
+        if not self.prompts:
+            raise ValueError("no prompts to run")
+
+    def jobs(self) -> list[tuple[BenchPrompt, int, float, MethodSpec]]:
+        return [(prompt, repeat, temperature, spec) for prompt in self.prompts for repeat in range(self.repeats)
+                for temperature in self.temperatures for spec in self.methods]
+
+
+def row_key(row: dict) -> tuple:
+    return row["question_id"], row["method"], row["k"], float(row["temperature"]), row["repeat"]
+
+
+def read_results(path: str | Path) -> tuple[dict, list[dict]]:
+    """(run info, generation rows) of a results file; ({}, []) when it does not exist yet."""
+    path = Path(path)
+    if not path.exists():
+        return {}, []
+    info, rows = {}, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}:{number} is not JSON; is this a `specdec bench` results file?") from None
+        if record.get("kind") == "run":
+            info = record
+        elif record.get("kind") == "generation":
+            rows.append(record)
+    return info, rows
+
+
+def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    # No template (a base model): the turns as plain text, answers in between.
+    return tokenizer("\n\n".join(m["content"] for m in messages) + "\n\n")["input_ids"]
+
+
+def _seed(base: int, question_id: str, repeat: int, turn: int) -> int:
+    """The same seed for every method on one (prompt, repeat, turn): differences come from the method."""
+    return (base * 1_000_003 + zlib.crc32(f"{question_id}/{repeat}/{turn}".encode())) % (2**63)
+
+
+def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, max_new_tokens: int,
+               seed_of_turn: Callable[[int], int | None]) -> list[dict]:
+    """All turns of one prompt with one engine; each turn sees the engine's own earlier answers."""
+    messages: list[dict] = []
+    turns = []
+    for index, user_text in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": user_text})
+        turn_params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p,
+                                     seed_of_turn(index))
+        result = engine.generate(_chat_ids(engine.tokenizer, messages), turn_params, max_new_tokens=max_new_tokens)
+        messages.append({"role": "assistant", "content": result.text})
+        stats = result.stats
+        turns.append(dict(
+            prompt_tokens=stats.prompt_tokens, tokens=stats.generated_tokens, seconds=stats.total_time_s,
+            prefill_seconds=stats.prefill_time_s, decode_seconds=stats.decode_time_s,
+            target_forwards=stats.target_forwards, drafted_tokens=stats.drafted_tokens,
+            accepted_tokens=stats.accepted_tokens, accepted_per_step=stats.accepted_per_step,
+            drafted_per_position=stats.drafted_per_position, accepted_per_position=stats.accepted_per_position,
+            finish_reason=result.finish_reason, token_ids=result.token_ids, text=result.text,
+        ))
+    return turns
+
+
+def summarise_turns(turns: list[dict]) -> dict:
+    """Sums over the turns of one prompt: the numbers the report reads."""
+    total = {name: sum(t[name] for t in turns) for name in
+             ("tokens", "seconds", "decode_seconds", "target_forwards", "drafted_tokens", "accepted_tokens")}
+    for name in ("drafted_per_position", "accepted_per_position"):
+        width = max((len(t[name]) for t in turns), default=0)
+        total[name] = [sum(t[name][j] for t in turns if j < len(t[name])) for j in range(width)]
+    return total
+
+
+def run_bench(plan: BenchPlan, engines: dict[MethodSpec, SpecEngine], out_path: str | Path,
+              progress: bool = True) -> list[dict]:
+    """Run the plan's jobs not yet in out_path; append a row per job; return all rows."""
+    from tqdm.auto import tqdm
+
+    out_path = Path(out_path)
+    info, rows = read_results(out_path)
+    run_info = {"kind": "run", "version": RESULTS_VERSION, "max_new_tokens": plan.max_new_tokens,
+                "top_p": plan.top_p, "seed": plan.seed, "python": platform.python_version(), **plan.run_info}
+    if info:
+        for name in ("target", "draft", "backend", "max_new_tokens", "top_p", "seed"):
+            if name in info and name in run_info and info[name] != run_info[name]:
+                raise ValueError(f"{out_path} was recorded with {name}={info[name]!r}, not {run_info[name]!r}; "
+                                 "pass another --out to start a new results file")
+    done = {row_key(r) for r in rows}
+    pending = [job for job in plan.jobs() if (job[0].question_id, job[3].method, job[3].k, float(job[2]), job[1])
+               not in done]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("a") as sink:
+        if not info:
+            sink.write(json.dumps(run_info) + "\n")
+        if not pending:
+            return rows
+        warm = SamplingParams(temperature=0.0)
+        for engine in engines.values():  # allocations, kernel choice, caches: not part of any row
+            engine.generate(_chat_ids(engine.tokenizer, [{"role": "user", "content": "Say hi."}]), warm,
+                            max_new_tokens=8)
+        bar = tqdm(pending, desc="bench", unit="gen", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+        for prompt, repeat, temperature, spec in bar:
+            params = SamplingParams(temperature=temperature, top_p=plan.top_p if temperature > 0 else 1.0)
+            row = dict(kind="generation", question_id=prompt.question_id, category=prompt.category,
+                       method=spec.method, k=spec.k, label=spec.label, temperature=float(temperature), repeat=repeat)
+            try:
+                turns = run_prompt(engines[spec], prompt, params, plan.max_new_tokens,
+                                   lambda turn: _seed(plan.seed, prompt.question_id, repeat, turn))
+            except ValueError as error:  # e.g. a prompt longer than the context: recorded, the run goes on
+                row["error"] = str(error)
+                turns = []
+            row.update(summarise_turns(turns), turns=turns)
+            rows.append(row)
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            if row["seconds"] > 0:
+                bar.set_postfix_str(f"{spec.label} T={temperature:g} {row['tokens'] / row['seconds']:.1f} tok/s")
+    return rows
