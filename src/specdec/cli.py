@@ -1,4 +1,4 @@
-"""specdec command line: generate | demo | models.
+"""specdec command line: generate | demo | bench | analyze | verify | models.
 
 Every subcommand's --help teaches by example; bad input exits with a one-line
 error (status 2), never a traceback.
@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Start with `specdec demo`, then `specdec generate --help`.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,demo,models}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{generate,demo,bench,analyze,verify,models}")
 
     gen = sub.add_parser("generate", help="generate text for one prompt", epilog=EPILOG_GENERATE,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompts", type=_positive_int, default=None, help="use only the first N built-in prompts")
     demo.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
+    from specdec.research_cli import add_research_commands
+
+    add_research_commands(sub, _add_model_args, _add_method_args, _positive_int)
+
     models = sub.add_parser("models", help="list, fetch or verify the embedded default models",
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="examples:\n  specdec models list\n  specdec models fetch qwen2.5-coder-1.5b\n"
@@ -132,27 +137,45 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _load_engine(args, method: str, k: int):
-    from specdec.engine import SpecEngine
+def _load_models(args, need_draft: bool):
+    """(target, draft or None) as LoadedModels, from the shared model options."""
     from specdec.models.loader import check_same_vocabulary, load_model
-    from specdec.proposers.registry import build_proposer, check_proposer_options, needs_draft_model
 
-    options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                   draft_k=args.draft_k)
-    check_proposer_options(method, **options)
     _log(f"loading target {args.target} ...")
     model_options = dict(device=args.device, dtype=args.dtype, backend=args.backend)
     target = load_model(args.target, **model_options, quantize=args.quantize)
     _log(f"  {target.describe()} from {target.path} in {target.load_time_s:.1f}s")
-    draft_runner = None
-    if needs_draft_model(method):
+    draft = None
+    if need_draft:
         _log(f"loading draft {args.draft} ...")
         draft = load_model(args.draft, **model_options, quantize=args.draft_quantize, head_vocab=args.draft_vocab)
         _log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
-        draft_runner = draft.runner
-    proposer = build_proposer(method, draft_runner=draft_runner, **options)
+    return target, draft
+
+
+def _proposer_options(args) -> dict:
+    return dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
+                draft_k=args.draft_k)
+
+
+def _load_engine(args, method: str, k: int):
+    from specdec.engine import SpecEngine
+    from specdec.proposers.registry import build_proposer, check_proposer_options, needs_draft_model
+
+    options = _proposer_options(args)
+    check_proposer_options(method, **options)
+    target, draft = _load_models(args, needs_draft_model(method))
+    proposer = build_proposer(method, draft_runner=draft.runner if draft else None, **options)
     return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids), target
+
+
+def _load_verify_engines(args):
+    """verify: the speculative engine and plain decoding over the same target runner."""
+    from specdec.engine import SpecEngine
+
+    spec, target = _load_engine(args, args.method, args.k)
+    return spec, SpecEngine(target.runner, None, target.tokenizer, k=1, eos_token_ids=target.eos_token_ids), target
 
 
 def _format_stats(stats) -> str:
@@ -218,7 +241,26 @@ def cmd_models(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "models": cmd_models}
+def cmd_bench(args) -> int:
+    from specdec.research_cli import cmd_bench as run
+
+    return run(args, _load_models)
+
+
+def cmd_analyze(args) -> int:
+    from specdec.research_cli import cmd_analyze as run
+
+    return run(args, _load_models)
+
+
+def cmd_verify(args) -> int:
+    from specdec.research_cli import cmd_verify as run
+
+    return run(args, _load_verify_engines)
+
+
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "analyze": cmd_analyze,
+            "verify": cmd_verify, "models": cmd_models}
 
 
 def main(argv: list[str] | None = None) -> int:

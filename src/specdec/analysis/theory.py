@@ -14,6 +14,8 @@ Worked example (Leviathan et al., section 3, and the issue's seed tables):
 
 from __future__ import annotations
 
+import torch
+
 
 def _check(alpha: float, k: int, c: float = 0.0) -> None:
     if not 0.0 <= alpha <= 1.0:
@@ -69,3 +71,39 @@ def speedup_from_step_times(tokens_per_loop: float, k: int, draft_step_s: float,
     if tokens_per_loop < 1 or draft_step_s < 0 or target_step_s <= 0:
         raise ValueError("need tokens_per_loop >= 1, draft_step_s >= 0 and target_step_s > 0")
     return tokens_per_loop * target_step_s / (k * draft_step_s + target_step_s)
+
+
+# ---- acceptance rates of distributions (tensors in, tensors out) -------------------------------
+
+
+def acceptance_rate(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """beta = sum_x min(p(x), q(x)) over the last dim: [..., V] -> [...] (Leviathan et al., Definition 3.1).
+
+    The probability that modified rejection sampling accepts a token drawn from q;
+    alpha is its mean over positions. Point masses (temperature 0) give 1 where
+    the argmaxes agree and 0 where they differ.
+    >>> import torch
+    >>> float(acceptance_rate(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.2, 0.6])))
+    0.4000000059604645
+    """
+    return torch.minimum(target_probs.float(), draft_probs.float()).sum(dim=-1)
+
+
+def lenient_acceptance_rate(target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                            lenience: float) -> torch.Tensor:
+    """sum_x min(q(x), p(x) / l): the acceptance rate of the lenient rule, [..., V] -> [...].
+
+    Leviathan et al., Appendix A.5: multiplying q by a lenience factor 0 < l <= 1
+    before comparing it with p accepts x with probability min(1, p(x) / (l q(x))),
+    so beta_l = E_{x~q}[min(1, p / (l q))] = sum_x min(q(x), p(x) / l). l = 1 is
+    the exact rule (= acceptance_rate); l -> 0 accepts every draft. Lossy for l < 1:
+    the output no longer follows the target's distribution.
+    >>> import torch
+    >>> float(lenient_acceptance_rate(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.2, 0.6]), 0.5))
+    0.4000000059604645
+    >>> float(lenient_acceptance_rate(torch.tensor([0.6, 0.4]), torch.tensor([0.2, 0.8]), 0.5))
+    1.0
+    """
+    if not 0.0 < lenience <= 1.0:
+        raise ValueError(f"lenience must lie in (0, 1], got {lenience}")
+    return torch.minimum(draft_probs.float(), target_probs.float() / lenience).sum(dim=-1)

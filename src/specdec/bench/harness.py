@@ -129,6 +129,8 @@ def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, 
             drafted_per_position=stats.drafted_per_position, accepted_per_position=stats.accepted_per_position,
             finish_reason=result.finish_reason, token_ids=result.token_ids, text=result.text,
         ))
+        if engine.proposer is None:  # plain decoding's texts are what `specdec analyze` measures alpha on
+            turns[-1]["prompt_ids"] = result.prompt_token_ids
     return turns
 
 

@@ -45,7 +45,7 @@ def _method_stats(rows: list[dict], plain_rate: dict[str, float]) -> dict:
     # Chen et al. Figure 1: time for N tokens (spread over prompts) and time per loop.
     seconds_per_token = [r["seconds"] / r["tokens"] for r in rows if r["tokens"]]
     return dict(
-        prompts=len(by_prompt), generations=len(rows), tokens=tokens, seconds=seconds,
+        prompts=len(by_prompt), generations=len(rows), tokens=tokens, seconds=seconds, drafted_tokens=drafted,
         tokens_per_s=tokens / seconds if seconds else 0.0,
         speedup=statistics.fmean(ratios) if ratios else math.nan,
         speedup_std=statistics.pstdev(ratios) if len(ratios) > 1 else 0.0,
@@ -128,7 +128,7 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             body.append([label, *(_speedup_text(block["categories"][c][label]) if label in block["categories"][c]
                                   else "-" for c in categories),
                          _speedup_text(overall), f"{overall['mean_accepted_length']:.2f}",
-                         f"{overall['acceptance_rate']:.1%}" if overall["acceptance_rate"] else "-"])
+                         f"{overall['acceptance_rate']:.1%}" if overall["drafted_tokens"] else "-"])
         tables.append((f"Speedup over plain decoding, temperature {temperature} (mean of per-prompt ratios ± std)",
                        header, body))
         detail_header = ["method", "tok/s", "speedup", "min..max", "tau", "accept", "ms/loop", "accept per position"]
@@ -139,7 +139,7 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 continue
             detail.append([label, f"{s['tokens_per_s']:.2f}", _speedup_text(s),
                            f"{s['speedup_min']:.2f}..{s['speedup_max']:.2f}", f"{s['mean_accepted_length']:.2f}",
-                           f"{s['acceptance_rate']:.1%}" if s["acceptance_rate"] else "-", f"{s['ms_per_loop']:.1f}",
+                           f"{s['acceptance_rate']:.1%}" if s["drafted_tokens"] else "-", f"{s['ms_per_loop']:.1f}",
                            " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"])
         tables.append((f"All prompts, temperature {temperature}", detail_header, detail))
     if report["greedy_equality"]:

@@ -144,6 +144,42 @@ class SpecEngine:
             if kept or text:
                 yield StreamChunk(text, kept)
 
+    def sample_continuations(
+        self, prompt: str | Sequence[int], params: SamplingParams, samples: int, *, min_tokens: int = 2,
+        seed: int = 0, chat: bool = False,
+    ) -> Iterator[list[int]]:
+        """Draw `samples` continuations of one prompt, each at least min_tokens long, for losslessness checks.
+
+        The prompt is prefilled once; each draw then runs ordinary steps (with its own
+        generator, seeded seed + i) until min_tokens are out, and rolls everything back
+        to the prompt. Speculative and plain engines yield identically distributed
+        lists if and only if speculation is lossless; EOS and max_tokens cuts are
+        ignored here, on purpose: they do not change which tokens are drawn.
+        """
+        ids = self.encode(prompt, chat)
+        device = self.target.device
+        prefix = torch.tensor([ids], dtype=torch.int64, device=device)  # [1, L]
+        self.target.reset()
+        if prefix.shape[1] > 1:
+            self.target.forward(prefix[:, :-1], torch.arange(prefix.shape[1] - 1, device=device)[None],
+                                last_n_logits=1)
+        for index in range(samples):
+            step_params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed + index)
+            generator = step_params.make_generator(device)
+            tokens, drawn = prefix, []
+            self.target.truncate(torch.tensor([prefix.shape[1] - 1]))
+            if self.proposer is not None:
+                self.proposer.reset()
+            while len(drawn) < min_tokens:
+                context_left = self.target.max_context - tokens.shape[1]
+                if context_left <= 1:
+                    raise ValueError("the prompt leaves no room in the context for the sampled tokens")
+                ctx = ProposeContext(tokens, step_params, generator, self.target.vocab_size)
+                kept, _, _ = self._step(ctx, min(self.k, context_left - 1))
+                drawn += kept
+                tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
+            yield drawn
+
     # ---- the loop ---------------------------------------------------------------------------
 
     def _make_request(self, prompt, params, max_new_tokens, stop, chat) -> Request:

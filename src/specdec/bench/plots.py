@@ -1,0 +1,114 @@
+"""PNG plots of a bench report (matplotlib, no screen needed).
+
+speedup.png          speedup per category and method, one panel per temperature;
+figure1-<method>.png the three panels of Chen et al. 2023 (arXiv 2302.01318),
+                     Figure 1, for one method over k (k = 0 is plain decoding):
+                     time to generate N tokens vs k with its spread over prompts,
+                     accepted tokens / (k + 1) vs k, and time per loop vs k.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from specdec.bench.report import OVERALL
+
+
+def _model_names(report: dict) -> str:
+    run = report["run"]
+    return " / ".join(Path(str(run[name])).name for name in ("target", "draft") if run.get(name))
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("plots need matplotlib: pip install 'specdec[bench]' (or pass --no-plots)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_plot(report: dict, path: Path) -> Path:
+    plt = _pyplot()
+    blocks = report["temperatures"]
+    fig, axes = plt.subplots(len(blocks), 1, figsize=(11, 3.6 * len(blocks)), squeeze=False)
+    for ax, (temperature, block) in zip(axes[:, 0], blocks.items()):
+        categories = list(block["categories"])
+        labels = [label for label in block["labels"] if block["methods"][label]["k"] > 0]
+        width = 0.8 / max(len(labels), 1)
+        for i, label in enumerate(labels):
+            cells = [block["categories"][c].get(label) for c in categories]
+            xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(categories))]
+            ax.bar(xs, [s["speedup"] if s else 0 for s in cells], width,
+                   yerr=[s["speedup_std"] if s else 0 for s in cells], capsize=2, label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(categories)), categories, rotation=20)
+        ax.set_ylabel("speedup over plain")
+        ax.set_title(f"temperature {temperature}")
+        ax.legend(fontsize=7, ncol=min(len(labels), 6))
+    fig.suptitle(f"specdec bench: {_model_names(report)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _k_series(block: dict, method: str) -> list[tuple[int, dict]]:
+    """(k, overall stats) for plain decoding (k = 0) and every k of one method, ascending."""
+    overall = block["categories"][OVERALL]
+    series = [(0, overall[label]) for label in block["labels"] if block["methods"][label]["k"] == 0]
+    series += sorted((meta["k"], overall[label]) for label, meta in block["methods"].items()
+                     if meta["method"] == method and label in overall)
+    return series
+
+
+def figure1_plot(report: dict, method: str, path: Path) -> Path:
+    """Chen et al. Figure 1 for `method`: one line per temperature."""
+    plt = _pyplot()
+    n_tokens = report["run"].get("max_new_tokens", 128)
+    fig, (ax_time, ax_accept, ax_loop) = plt.subplots(1, 3, figsize=(14, 4))
+    for temperature, block in report["temperatures"].items():
+        series = _k_series(block, method)
+        if len(series) < 2:
+            continue
+        ks = [k for k, _ in series]
+        # Time for N tokens per prompt = N x its seconds per token; median and the 10..90% band.
+        per_prompt = [[n_tokens * ms / 1000 for ms in s["ms_per_token"]] for _, s in series]
+        middle = [statistics.median(v) for v in per_prompt]
+        low = [sorted(v)[int(0.1 * (len(v) - 1))] for v in per_prompt]
+        high = [sorted(v)[int(round(0.9 * (len(v) - 1)))] for v in per_prompt]
+        line, = ax_time.plot(ks, middle, marker="o", label=f"T={temperature}")
+        ax_time.fill_between(ks, low, high, alpha=0.2, color=line.get_color())
+        ax_accept.plot(ks[1:], [s["mean_accepted_length"] / (k + 1) for k, s in series[1:]], marker="o",
+                       label=f"T={temperature}")
+        ax_loop.plot(ks, [s["ms_per_loop"] for _, s in series], marker="o", label=f"T={temperature}")
+    ax_time.set(xlabel="k (0 = plain decoding)", ylabel=f"seconds for {n_tokens} tokens",
+                title="time to generate (median, 10-90% of prompts)")
+    ax_accept.set(xlabel="k", ylabel="accepted tokens / (k + 1)", title="tokens per loop / (k + 1)", ylim=(0, 1.05))
+    ax_loop.set(xlabel="k (0 = plain decoding)", ylabel="ms per loop", title="time per loop (draft + verify)")
+    all_ks = sorted({k for block in report["temperatures"].values() for k, _ in _k_series(block, method)})
+    for ax in (ax_time, ax_accept, ax_loop):
+        ax.set_xticks(all_ks if ax is not ax_accept else [k for k in all_ks if k > 0])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{method}: {_model_names(report)} (after Chen et al. 2023, Figure 1)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(report: dict, directory: str | Path) -> list[Path]:
+    """speedup.png, and figure1-<method>.png for each method measured at two or more k."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [speedup_plot(report, directory / "speedup.png")]
+    methods = {meta["method"] for block in report["temperatures"].values() for meta in block["methods"].values()
+               if meta["k"] > 0}
+    for method in sorted(methods):
+        if any(len(_k_series(block, method)) >= 3 for block in report["temperatures"].values()):
+            paths.append(figure1_plot(report, method, directory / f"figure1-{method.replace('+', '-')}.png"))
+    return paths

@@ -1,0 +1,383 @@
+"""specdec bench | analyze | verify: the commands that measure, predict and check.
+
+cli.py owns the parser and the shared model options; the handlers live here.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+EPILOG_BENCH = """\
+examples:
+  specdec bench                                   # draft, ngram, ngram+draft at k=4, greedy, 1 prompt/category
+  specdec bench --methods draft,ngram --k 1,2,3,4,6,8 --temperature 0,0.7 --repeats 3 --per-category 2
+  specdec bench --prompts my_prompts.jsonl --out my-run      # your prompts, Spec-Bench format
+  specdec bench --out my-run --report-only                    # rebuild report and plots, load no model
+
+Prompt sets: humaneval (164 coding prompts), mt-bench (80 two-turn chats),
+specdec (code editing, extraction / summarisation, retrieval QA, translation,
+math), free, code; or a JSONL path with one {"question_id", "category",
+"turns": [...]} per line. Plain decoding always runs: it is the baseline.
+Writes OUT/results.jsonl (one row per generation; rerun to resume), and
+OUT/report.md, OUT/report.json, OUT/*.png. At temperature 0 the report checks
+that every method reproduced plain decoding token for token.
+"""
+
+EPILOG_ANALYZE = """\
+examples:
+  specdec analyze --results bench-results        # alpha on the texts plain decoding wrote there,
+                                                 # predictions next to the measured speedups
+  specdec analyze --temperature 0,0.7 --k 1,2,4,8   # alpha on the shipped corpus (HumanEval, MT-bench)
+
+alpha = E[sum_x min(p(x), q(x))] with p, q the target's and the draft's warped
+next-token distributions (one forward of each per text, no generation); c =
+draft step / target step on this machine. Predicted speedup (Leviathan et al.
+Theorem 3.8) and the same with the measured cost of the (k+1)-token
+verification pass, next to bench's measured speedup for method draft.
+"""
+
+EPILOG_VERIFY = """\
+examples:
+  specdec verify                                   # the embedded pair, draft k=4, T=1, 1000 draws per side
+  specdec verify --method ngram -k 8 --prompt "Repeat: the cat sat on the mat, the cat"
+  specdec verify --target ./my-model --draft ./my-draft --samples 4000 --temperature 0.7
+
+Draws many continuations from the same prompt through speculative decoding and
+through the target alone and tests (chi-square, with the total-variation
+distance) that the first token and the first two tokens follow the same
+distribution; then checks greedy equality on a prompt set. Exit status 0 when
+every check passes, 1 when one fails.
+"""
+
+DEFAULT_VERIFY_PROMPTS = ("The three most useful Python libraries are",
+                          "Once upon a time, in a small village by the sea,")
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise ValueError(f"temperatures must be >= 0, got {text!r}")
+    return values
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"k values must be integers >= 1, got {text!r}")
+    return values
+
+
+def add_research_commands(sub, add_model_args, add_method_args, positive_int) -> None:
+    import argparse
+
+    raw = argparse.RawDescriptionHelpFormatter
+    bench = sub.add_parser("bench", help="benchmark methods x k x temperature on prompt suites; report and plots",
+                           epilog=EPILOG_BENCH, formatter_class=raw)
+    add_model_args(bench)
+    bench.add_argument("--prompts", default="humaneval,mt-bench,specdec",
+                       help="comma-separated prompt sets or JSONL paths (default: humaneval,mt-bench,specdec)")
+    bench.add_argument("--per-category", type=positive_int, default=1,
+                       help="prompts per category, spread evenly over it (default: 1); 0 is not allowed, "
+                            "use a large number for all")
+    bench.add_argument("--methods", default="draft,ngram,ngram+draft",
+                       help="comma-separated; autoregressive always runs as the baseline (default: "
+                            "draft,ngram,ngram+draft)")
+    bench.add_argument("--k", default="4", help="comma-separated draft lengths, each >= 1 (default: 4)")
+    bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default: 0)")
+    bench.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when temperature > 0 (default: 1)")
+    bench.add_argument("--repeats", type=positive_int, default=1, help="runs of each generation (default: 1)")
+    bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="per turn (default: 128)")
+    bench.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default: 0)")
+    bench.add_argument("--out", default="bench-results", help="results directory (default: bench-results)")
+    bench.add_argument("--report-only", action="store_true", help="rebuild the report from OUT; load no model")
+    bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_ngram_options(bench, positive_int)
+
+    analyze = sub.add_parser("analyze", help="measure alpha and c on your models; predicted vs measured speedup",
+                             epilog=EPILOG_ANALYZE, formatter_class=raw)
+    add_model_args(analyze)
+    analyze.add_argument("--results", help="a `specdec bench` OUT directory (or its results.jsonl)")
+    analyze.add_argument("--texts", help="JSONL of {\"category\", \"text\"} to measure alpha on "
+                                         "(default without --results: the shipped HumanEval / MT-bench corpus)")
+    analyze.add_argument("--temperature", default=None, help="comma-separated (default: the results', else 0,0.7)")
+    analyze.add_argument("--k", default=None, help="comma-separated (default: the results' draft k, else 1..8)")
+    analyze.add_argument("--max-texts", type=positive_int, default=8, help="texts per category (default: 8)")
+    analyze.add_argument("--context", type=positive_int, default=256,
+                         help="context length at which step times are measured (default: 256)")
+    analyze.add_argument("--markdown", help="also write the tables as Markdown to this path")
+    analyze.add_argument("--json", help="also write everything as JSON to this path")
+
+    verify = sub.add_parser("verify", help="check losslessness empirically on your models (exit 1 on failure)",
+                            epilog=EPILOG_VERIFY, formatter_class=raw)
+    add_model_args(verify)
+    add_method_args(verify)
+    verify.add_argument("--prompt", action="append", default=None,
+                        help="prompt of the distribution check (repeatable; default: two built-in prompts)")
+    verify.add_argument("--samples", type=positive_int, default=1000, help="draws per side and prompt (default: 1000)")
+    verify.add_argument("--temperature", type=float, default=1.0, help="> 0 (default: 1.0)")
+    verify.add_argument("--top-k", type=int, default=0, help="0 = off (default)")
+    verify.add_argument("--top-p", type=float, default=1.0, help="(0, 1] (default: 1)")
+    verify.add_argument("--significance", type=float, default=0.001,
+                        help="fail when a p-value is below this, Bonferroni-corrected over the tests "
+                             "(default: 0.001)")
+    verify.add_argument("--greedy-prompts", type=int, default=4,
+                        help="built-in prompts (specdec set) added to --prompt for the greedy-equality check "
+                             "(default: 4)")
+    verify.add_argument("--max-new-tokens", type=positive_int, default=64, help="greedy check (default: 64)")
+    verify.add_argument("--seed", type=int, default=0, help="(default: 0)")
+
+
+def _add_ngram_options(parser, positive_int) -> None:
+    group = parser.add_argument_group("n-gram lookup (methods ngram, ngram+draft)")
+    group.add_argument("--ngram-max", type=positive_int, default=3, help="default: 3")
+    group.add_argument("--ngram-min", type=positive_int, default=1, help="default: 1")
+    group.add_argument("--draft-k", type=positive_int, default=None, help="ngram+draft: draft-model tokens per "
+                                                                          "step at most (default: k)")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _results_path(location: str) -> Path:
+    path = Path(location)
+    return path / "results.jsonl" if path.suffix != ".jsonl" else path
+
+
+# ---- bench -------------------------------------------------------------------------------------
+
+
+def cmd_bench(args, load_models) -> int:
+    from specdec.bench.harness import read_results
+    from specdec.proposers.registry import check_proposer_options
+
+    out_dir = Path(args.out)
+    results = out_dir / "results.jsonl"
+    if not args.report_only:
+        from specdec.bench.harness import BenchPlan, method_grid, run_bench
+        from specdec.bench.prompt_sets import load_prompts
+        from specdec.engine import SpecEngine
+        from specdec.proposers.registry import build_proposer, needs_draft_model
+
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_k=args.draft_k)
+        for method in methods:
+            check_proposer_options(method, **options)
+        grid = method_grid(methods, _int_list(args.k))
+        temperatures = _float_list(args.temperature)
+        if not 0 < args.top_p <= 1:
+            raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
+        prompts = load_prompts([s.strip() for s in args.prompts.split(",") if s.strip()], args.per_category)
+        need_draft = any(needs_draft_model(spec.method) for spec in grid)
+        target, draft = load_models(args, need_draft)
+        engines = {spec: SpecEngine(target.runner,
+                                    build_proposer(spec.method, draft_runner=draft.runner if draft else None,
+                                                   **options),
+                                    target.tokenizer, k=max(spec.k, 1), eos_token_ids=target.eos_token_ids)
+                   for spec in grid}
+        run_info = dict(target=args.target, draft=args.draft if need_draft else None, backend=target.backend,
+                        device=str(target.runner.device), target_model=target.describe(),
+                        draft_model=draft.describe() if draft else None, machine=_machine(),
+                        prompts=len(prompts), prompt_sets=args.prompts, **options)
+        plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
+                         run_info)
+        _log(f"bench: {len(prompts)} prompts x {len(grid)} methods x {len(temperatures)} temperatures x "
+             f"{args.repeats} repeats -> {results}")
+        run_bench(plan, engines, results, progress=not args.quiet)
+    elif not results.exists():
+        raise ValueError(f"--report-only: no results in {results}")
+    info, rows = read_results(results)
+    return _write_bench_report(info, rows, out_dir, plots=not args.no_plots)
+
+
+def _machine() -> str:
+    import torch
+
+    return f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def _write_bench_report(info: dict, rows: list[dict], out_dir: Path, plots: bool) -> int:
+    from specdec.bench.report import build_report, to_markdown, to_text
+
+    report = build_report(rows, info)
+    plot_names = []
+    if plots:
+        from specdec.bench.plots import write_plots
+
+        plot_names = [p.name for p in write_plots(report, out_dir)]
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "report.md").write_text(to_markdown(report, plot_names))
+    print(to_text(report))
+    _log(f"\nwrote {out_dir / 'report.md'}, {out_dir / 'report.json'}"
+         + (f" and {', '.join(plot_names)}" if plot_names else ""))
+    return 0
+
+
+# ---- analyze -----------------------------------------------------------------------------------
+
+
+def _texts_from_results(rows: list[dict], temperature: float, max_texts: int):
+    from specdec.analysis.measure import ScoredText
+
+    texts: dict[str, list] = {}
+    for row in rows:
+        if row["method"] != "autoregressive" or row["repeat"] != 0 or row["temperature"] != temperature:
+            continue
+        for turn in row["turns"]:
+            if "prompt_ids" in turn and turn["token_ids"] and len(texts.get(row["category"], [])) < max_texts:
+                texts.setdefault(row["category"], []).append(
+                    ScoredText(row["category"], turn["prompt_ids"] + turn["token_ids"], len(turn["prompt_ids"])))
+    return [t for group in texts.values() for t in group]
+
+
+def _texts_from_corpus(tokenizer, path: str | None, max_texts: int):
+    import gzip
+
+    from specdec.analysis.measure import ScoredText
+
+    if path is None:
+        source = Path(__file__).parent / "data" / "vocab_corpus.jsonl.gz"
+        lines = gzip.open(source, "rt").read().splitlines()
+    else:
+        if not Path(path).is_file():
+            raise ValueError(f"--texts {path!r}: no such file")
+        lines = Path(path).read_text().splitlines()
+    texts: dict[str, list] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            text = record["text"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{path or source}:{number}: expected a JSON object with \"text\"") from None
+        category = str(record.get("category") or record.get("source", "text").split(" (")[0])
+        ids = tokenizer(text)["input_ids"][:1024]
+        if len(ids) >= 16 and len(texts.get(category, [])) < max_texts:
+            texts.setdefault(category, []).append(ScoredText(category, ids, 8))  # the first 8 are context only
+    if not texts:
+        raise ValueError("no text of 16 tokens or more to measure alpha on")
+    return [t for group in texts.values() for t in group]
+
+
+def cmd_analyze(args, load_models) -> int:
+    from specdec.analysis.measure import measure_alpha, measure_step_costs
+    from specdec.analysis.predicted import measured_by_category, prediction_rows, render
+    from specdec.bench.report import build_report
+    from specdec.sampling import SamplingParams
+
+    info, rows, report = {}, [], None
+    if args.results:
+        from specdec.bench.harness import read_results
+
+        path = _results_path(args.results)
+        if not path.exists():
+            raise ValueError(f"--results: {path} not found")
+        info, rows = read_results(path)
+        report = build_report(rows, info)
+    temperatures = (_float_list(args.temperature) if args.temperature else
+                    sorted({r["temperature"] for r in rows}) or [0.0, 0.7])
+    ks = (_int_list(args.k) if args.k else
+          sorted({r["k"] for r in rows if r["method"] == "draft"}) or [1, 2, 3, 4, 6, 8])
+    target, draft = load_models(args, True)
+    _log(f"timing decode steps at context {args.context} ...")
+    costs = measure_step_costs(target.runner, draft.runner, context=args.context,
+                               verify_widths=tuple(sorted({1, *(k + 1 for k in ks)})))
+    outputs, markdown = [], []
+    for temperature in temperatures:
+        texts = _texts_from_results(rows, temperature, args.max_texts) if rows else []
+        if not texts:
+            if rows:
+                _log(f"no plain-decoding texts at temperature {temperature:g} in the results: using the corpus")
+            texts = _texts_from_corpus(target.tokenizer, args.texts, args.max_texts)
+        params = SamplingParams(temperature=temperature)
+        alpha = measure_alpha(target.runner, draft.runner, texts, params, progress=True)
+        block = (report or {}).get("temperatures", {}).get(f"{temperature:g}")
+        table = prediction_rows(alpha, costs, ks, measured_by_category(block) if block else None)
+        print(render(table, costs, temperature) + "\n")
+        markdown.append(render(table, costs, temperature, markdown=True))
+        outputs.append(dict(temperature=temperature, alpha=alpha, rows=table))
+    print("tau = mean accepted length; 'with costs' uses the measured (k+1)-token verification time; "
+          "meas/Lev and meas/costs = measured speedup / prediction (1.00 = theory met)")
+    if args.markdown:
+        Path(args.markdown).write_text("\n".join(markdown))
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(
+            target=args.target, draft=args.draft, machine=_machine(), costs=dict(
+                context=costs.context, c=costs.c, target_step_s=costs.target_step_s, draft_step_s=costs.draft_step_s,
+                target_verify_s=costs.target_verify_s), temperatures=outputs), indent=1))
+    return 0
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+
+def cmd_verify(args, load_engines) -> int:
+    from tqdm.auto import tqdm
+
+    from specdec.analysis.lossless import distribution_tests
+    from specdec.bench.prompt_sets import written
+    from specdec.sampling import SamplingParams
+
+    if args.temperature <= 0:
+        raise ValueError("--temperature must be > 0 for the distribution check (greedy is checked separately)")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
+    if not 0 < args.significance < 1:
+        raise ValueError(f"--significance must lie in (0, 1), got {args.significance}")
+    if args.method == "autoregressive":
+        raise ValueError("--method autoregressive has nothing to verify; choose draft, ngram or ngram+draft")
+    spec, plain, target = load_engines(args)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, 0.0, None)
+    prompts = args.prompt or list(DEFAULT_VERIFY_PROMPTS)
+    tests = []
+    for prompt in prompts:
+        draws = {}
+        for name, engine in (("speculative", spec), ("plain", plain)):
+            draws[name] = list(tqdm(engine.sample_continuations(prompt, params, args.samples, seed=args.seed),
+                                    total=args.samples, desc=f"{name:<11} {prompt[:30]!r}", file=sys.stderr))
+        tests += [(prompt, t) for t in distribution_tests(draws["speculative"], draws["plain"])]
+    greedy, skipped = [], []
+    chat = bool(getattr(target.tokenizer, "chat_template", None))
+    zero = SamplingParams(temperature=0.0)
+    greedy_prompts = [(f"prompt {i + 1}", p) for i, p in enumerate(prompts)]
+    greedy_prompts += [(p.question_id, p.turns[0]) for p in written()[: max(args.greedy_prompts, 0)]]
+    for name, text in tqdm(greedy_prompts, desc="greedy check", file=sys.stderr):
+        try:
+            outputs = [e.generate(text, zero, max_new_tokens=args.max_new_tokens, chat=chat).token_ids
+                       for e in (spec, plain)]
+        except ValueError as error:  # a built-in prompt longer than a small model's context
+            skipped.append(f"{name}: {error}")
+            continue
+        greedy.append((name, outputs[0] == outputs[1]))
+    threshold = args.significance / max(len(tests), 1)  # Bonferroni over the tests
+    failed = False
+    print(f"distribution check: {args.method} k={args.k} at temperature {args.temperature:g}, "
+          f"{args.samples} draws per side; fail below p = {threshold:.2g}")
+    for prompt, test in tests:
+        ok = test.p_value >= threshold
+        failed |= not ok
+        verdict = ("PASS" if ok else "FAIL") if test.dof > 0 else "n/a "  # every outcome too rare to test
+        print(f"  {verdict}  {test.what:<17} chi2 {test.chi2:8.2f}  dof {test.dof:3d}  "
+              f"p {test.p_value:.3g}  TV {test.total_variation:.3f}  {prompt[:40]!r}")
+    if greedy:
+        same = sum(ok for _, ok in greedy)
+        failed |= same != len(greedy)
+        print(f"greedy check: {same}/{len(greedy)} prompts identical to plain decoding"
+              + "".join(f"\n  FAIL {qid}" for qid, ok in greedy if not ok)
+              + "".join(f"\n  skipped {reason}" for reason in skipped))
+    if not any(test.dof > 0 for _, test in tests):
+        print("warning: too few draws for any outcome to be tested; raise --samples or lower --temperature")
+    print("FAILED: the speculative output does not follow the target's distribution" if failed else
+          "PASSED: no evidence that speculation changes the output distribution")
+    return 1 if failed else 0
