@@ -26,6 +26,11 @@ class DenseLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        if x.device.type == "cpu" and x.shape[:-1].numel() == 1:
+            # Batch invariance, as in PackedLinear below: BLAS's one-row (gemv) path
+            # rounds differently from its multi-row path.
+            return nn.functional.linear(x.reshape(1, -1).expand(2, -1), self.weight, self.bias)[:1].reshape(
+                *x.shape[:-1], -1)
         return nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -33,6 +38,8 @@ PACKED_ROWS_HINT = 9  # oneDNN picks the packed layout for this many rows: k=8 v
 
 
 def can_pack_for_cpu(device: torch.device, dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False  # oneDNN's bf16 reorder needs AVX512-BF16 / AVX-NE-CONVERT; F.linear still works
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 

@@ -1,0 +1,108 @@
+"""specdec bench | analyze | verify end to end on tiny models saved as Hugging Face directories."""
+
+import json
+
+import pytest
+
+from conftest import make_model, make_tokenizer
+from specdec.bench.harness import read_results
+from specdec.cli import main
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    paths = {}
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        make_model(seed=seed, layers=layers).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths[name] = str(root / name)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": "chat", "category": "chat", "turns": ["hello there", "again"]})
+                       + "\n" + json.dumps({"question_id": "copy", "category": "copy",
+                                            "turns": ["the cat sat on the mat. the cat"]}) + "\n")
+    paths["prompts"] = str(prompts)
+    return paths
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _models(dirs):
+    return ["--target", dirs["target"], "--draft", dirs["draft"]]
+
+
+def test_bench_runs_the_grid_reports_and_resumes(capsys, model_dirs, tmp_path):
+    out = tmp_path / "run"
+    argv = [*_models(model_dirs), "--prompts", model_dirs["prompts"], "--methods", "draft,ngram", "--k", "1,2",
+            "--temperature", "0,0.8", "--max-new-tokens", "12", "--out", str(out), "--quiet"]
+    code, text, err = run(capsys, "bench", *argv)
+    assert code == 0, err
+    info, rows = read_results(out / "results.jsonl")
+    assert info["target"] == model_dirs["target"] and info["max_new_tokens"] == 12
+    assert len(rows) == 2 * 5 * 2  # prompts x (plain + 2 methods x 2 k) x temperatures
+    chat = next(r for r in rows if r["question_id"] == "chat" and r["method"] == "draft")
+    assert len(chat["turns"]) == 2 and chat["tokens"] == sum(t["tokens"] for t in chat["turns"])
+    assert len(chat["turns"][0]["accepted_per_step"]) == chat["turns"][0]["target_forwards"]
+    assert all(r["tokens"] > 0 and r["seconds"] > 0 for r in rows)
+    report = json.loads((out / "report.json").read_text())
+    assert all(cell["identical"] == cell["total"] == 2 for cell in report["greedy_equality"].values())
+    assert "Temperature 0: output identical to plain decoding" in text and "draft k=2" in text
+    assert {p.name for p in out.glob("*.png")} == {"speedup.png", "figure1-draft.png", "figure1-ngram.png"}
+    assert (out / "report.md").read_text().startswith("# specdec bench report")
+
+    code, _, _ = run(capsys, "bench", *argv)  # everything is done: resumes with no new rows
+    assert code == 0 and len(read_results(out / "results.jsonl")[1]) == len(rows)
+    code, text, _ = run(capsys, "bench", "--out", str(out), "--report-only", "--no-plots")
+    assert code == 0 and "draft k=1" in text
+
+    code, _, err = run(capsys, "bench", *argv[:-5], "--max-new-tokens", "5", "--out", str(out), "--quiet")
+    assert code == 2 and "max_new_tokens=12" in err  # a results file never mixes settings
+
+
+def test_analyze_reads_the_bench_results_and_predicts(capsys, model_dirs, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "bench", *_models(model_dirs), "--prompts", model_dirs["prompts"], "--methods",
+                       "draft", "--k", "2", "--max-new-tokens", "12", "--out", str(out), "--quiet", "--no-plots")
+    assert code == 0, err
+    summary = tmp_path / "analysis.json"
+    code, text, err = run(capsys, "analyze", *_models(model_dirs), "--results", str(out), "--context", "16",
+                          "--json", str(summary), "--markdown", str(tmp_path / "analysis.md"))
+    assert code == 0, err
+    assert "speedup Leviathan" in text and "c = " in text
+    result = json.loads(summary.read_text())
+    (block,) = result["temperatures"]
+    assert set(block["alpha"]) == {"chat", "copy", "overall"}
+    assert 0 <= block["alpha"]["overall"]["alpha"] <= 1
+    assert {row["k"] for row in block["rows"]} == {2} and "speedup_measured" in block["rows"][0]
+    assert (tmp_path / "analysis.md").read_text().count("| overall | 2 |") == 1
+
+
+def test_verify_passes_the_engine(capsys, model_dirs):
+    code, text, err = run(capsys, "verify", *_models(model_dirs), "-k", "3", "--samples", "300",
+                          "--temperature", "0.6", "--prompt", "the cat sat", "--greedy-prompts", "0")
+    assert code == 0, text + err
+    assert "PASS  first token" in text and "greedy check: 1/1" in text and "PASSED" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--k", "0,2"], "k values must be integers >= 1"),
+    (["bench", "--temperature", "-1"], "temperatures must be >= 0"),
+    (["bench", "--methods", "draft,magic"], "unknown method 'magic'"),
+    (["bench", "--prompts", "nowhere.jsonl"], "not found"),
+    (["bench", "--report-only", "--out", "/nonexistent/run"], "no results"),
+    (["verify", "--temperature", "0"], "must be > 0"),
+    (["verify", "--method", "autoregressive"], "nothing to verify"),
+    (["analyze", "--results", "/nonexistent/run"], "not found"),
+])
+def test_bad_input_is_one_line_before_any_model_loads(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err and "Traceback" not in err
