@@ -86,6 +86,24 @@ def test_analyze_reads_the_bench_results_and_predicts(capsys, model_dirs, tmp_pa
     assert (tmp_path / "analysis.md").read_text().count("| overall | 2 |") == 1
 
 
+def test_analyze_on_a_text_file_without_bench_results(capsys, model_dirs, tmp_path):
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("\n".join(json.dumps({"category": c, "text": t}) for c, t in [
+        ("story", "once upon a time there was a cat who sat on a mat all day long."),
+        ("story", "the dog ran to the park and back again, then slept by the fire."),
+        ("list", "apples, pears, plums, cherries, grapes, lemons, limes and figs."),
+    ]) + "\n")
+    code, text, err = run(capsys, "analyze", *_models(model_dirs), "--texts", str(texts), "--temperature", "0,1",
+                          "--k", "1,3", "--context", "16", "--json", str(tmp_path / "a.json"))
+    assert code == 0, err
+    result = json.loads((tmp_path / "a.json").read_text())
+    assert [block["temperature"] for block in result["temperatures"]] == [0.0, 1.0]
+    alpha = result["temperatures"][0]["alpha"]
+    assert alpha["story"]["texts"] == 2 and alpha["list"]["texts"] == 1
+    assert all("speedup_measured" not in row for row in result["temperatures"][1]["rows"])  # nothing measured
+    assert result["costs"]["c"] > 0 and "measured*" in text
+
+
 def test_verify_passes_the_engine(capsys, model_dirs):
     code, text, err = run(capsys, "verify", *_models(model_dirs), "-k", "3", "--samples", "300",
                           "--temperature", "0.6", "--prompt", "the cat sat", "--greedy-prompts", "0")
@@ -94,8 +112,9 @@ def test_verify_passes_the_engine(capsys, model_dirs):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["bench", "--k", "0,2"], "k values must be integers >= 1"),
-    (["bench", "--temperature", "-1"], "temperatures must be >= 0"),
+    (["bench", "--k", "0,2"], "k values must be comma-separated ints >= 1"),
+    (["bench", "--k", "two"], "k values must be comma-separated ints >= 1"),
+    (["bench", "--temperature", "-1"], "temperatures must be comma-separated floats >= 0"),
     (["bench", "--methods", "draft,magic"], "unknown method 'magic'"),
     (["bench", "--prompts", "nowhere.jsonl"], "not found"),
     (["bench", "--report-only", "--out", "/nonexistent/run"], "no results"),

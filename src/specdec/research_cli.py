@@ -56,24 +56,23 @@ DEFAULT_VERIFY_PROMPTS = ("The three most useful Python libraries are",
                           "Once upon a time, in a small village by the sea,")
 
 
-def _float_list(text: str) -> list[float]:
+def _number_list(text: str, kind: type, minimum: float, what: str) -> list:
+    """'1,2,4' -> [1, 2, 4]; every value >= minimum, else one clear error naming `what`."""
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise ValueError(f"temperatures must be >= 0, got {text!r}")
+        values = []
+    if not values or any(v < minimum for v in values):
+        raise ValueError(f"{what} must be comma-separated {kind.__name__}s >= {minimum:g}, got {text!r}")
     return values
+
+
+def _float_list(text: str) -> list[float]:
+    return _number_list(text, float, 0, "temperatures")
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"k values must be integers >= 1, got {text!r}")
-    return values
+    return _number_list(text, int, 1, "k values")
 
 
 def add_research_commands(sub, add_model_args, add_method_args, positive_int) -> None:
@@ -308,7 +307,8 @@ def cmd_analyze(args, load_models) -> int:
         markdown.append(render(table, costs, temperature, markdown=True))
         outputs.append(dict(temperature=temperature, alpha=alpha, rows=table))
     print("tau = mean accepted length; 'with costs' uses the measured (k+1)-token verification time; "
-          "meas/Lev and meas/costs = measured speedup / prediction (1.00 = theory met)")
+          "measured* = bench's decode-only speedup (prefill left out, as in the theory); "
+          "meas/Lev and meas/costs = measured / predicted (1.00 = theory met)")
     if args.markdown:
         Path(args.markdown).write_text("\n".join(markdown))
     if args.json:

@@ -53,6 +53,7 @@ def test_speedup_is_the_mean_of_per_prompt_median_ratios(rows):
     assert (overall["speedup_min"], overall["speedup_max"]) == pytest.approx((1.0, 2.0))
     assert block["categories"]["code"]["draft k=2"]["speedup"] == pytest.approx(2.0)
     assert block["categories"]["chat"]["draft k=2"]["speedup"] == pytest.approx(1.0)
+    assert overall["decode_speedup"] == pytest.approx(1.5)  # every row here spends 90% of its time decoding
     assert overall["mean_accepted_length"] == pytest.approx(300 / 180)
     assert overall["acceptance_rate"] == pytest.approx(120 / 360)
     assert overall["acceptance_per_position"] == pytest.approx([70 / 180, 50 / 180])

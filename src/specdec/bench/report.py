@@ -21,16 +21,19 @@ from specdec.bench.harness import AUTOREGRESSIVE
 OVERALL = "overall"
 
 
-def _median_rate(rows: list[dict]) -> float:
-    return statistics.median(r["tokens"] / r["seconds"] for r in rows)
+def _median_rate(rows: list[dict], seconds: str = "seconds") -> float:
+    return statistics.median(r["tokens"] / r[seconds] for r in rows)
 
 
-def _method_stats(rows: list[dict], plain_rate: dict[str, float]) -> dict:
+def _method_stats(rows: list[dict], plain_rate: dict[str, float], plain_decode_rate: dict[str, float]) -> dict:
     """Numbers of one (temperature, category, method) cell."""
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_prompt[row["question_id"]].append(row)
     ratios = [_median_rate(group) / plain_rate[qid] for qid, group in by_prompt.items() if qid in plain_rate]
+    # Decode only (prefill left out): what the closed forms of analysis/theory.py predict.
+    decode_ratios = [_median_rate(group, "decode_seconds") / plain_decode_rate[qid]
+                     for qid, group in by_prompt.items() if qid in plain_decode_rate]
     tokens = sum(r["tokens"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)
     forwards = sum(r["target_forwards"] for r in rows)
@@ -50,6 +53,7 @@ def _method_stats(rows: list[dict], plain_rate: dict[str, float]) -> dict:
         speedup=statistics.fmean(ratios) if ratios else math.nan,
         speedup_std=statistics.pstdev(ratios) if len(ratios) > 1 else 0.0,
         speedup_min=min(ratios, default=math.nan), speedup_max=max(ratios, default=math.nan),
+        decode_speedup=statistics.fmean(decode_ratios) if decode_ratios else math.nan,
         mean_accepted_length=tokens / forwards if forwards else 0.0,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         acceptance_per_position=per_position,
@@ -90,6 +94,7 @@ def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
             if row["method"] == AUTOREGRESSIVE:
                 plain_rows[row["question_id"]].append(row)
         plain_rate = {qid: _median_rate(group) for qid, group in plain_rows.items()}
+        plain_decode_rate = {qid: _median_rate(group, "decode_seconds") for qid, group in plain_rows.items()}
         labels = list(dict.fromkeys(r["label"] for r in sorted(at_t, key=lambda r: (r["method"] != AUTOREGRESSIVE,
                                                                                     r["method"], r["k"]))))
         categories = list(dict.fromkeys(r["category"] for r in at_t))
@@ -100,7 +105,7 @@ def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
             for label in labels:
                 chosen = [r for r in in_category if r["label"] == label]
                 if chosen:
-                    cells[category][label] = _method_stats(chosen, plain_rate)
+                    cells[category][label] = _method_stats(chosen, plain_rate, plain_decode_rate)
         methods = {label: {"method": r["method"], "k": r["k"]} for r in at_t for label in [r["label"]]}
         report["temperatures"][f"{temperature:g}"] = {"labels": labels, "methods": methods, "categories": cells}
     report["greedy_equality"] = _greedy_equality(good)
@@ -131,14 +136,16 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                          f"{overall['acceptance_rate']:.1%}" if overall["drafted_tokens"] else "-"])
         tables.append((f"Speedup over plain decoding, temperature {temperature} (mean of per-prompt ratios ± std)",
                        header, body))
-        detail_header = ["method", "tok/s", "speedup", "min..max", "tau", "accept", "ms/loop", "accept per position"]
+        detail_header = ["method", "tok/s", "speedup", "min..max", "decode only", "tau", "accept", "ms/loop",
+                         "accept per position"]
         detail = []
         for label in block["labels"]:
             s = block["categories"][OVERALL].get(label)
             if s is None:
                 continue
             detail.append([label, f"{s['tokens_per_s']:.2f}", _speedup_text(s),
-                           f"{s['speedup_min']:.2f}..{s['speedup_max']:.2f}", f"{s['mean_accepted_length']:.2f}",
+                           f"{s['speedup_min']:.2f}..{s['speedup_max']:.2f}", f"{s['decode_speedup']:.2f}x",
+                           f"{s['mean_accepted_length']:.2f}",
                            f"{s['acceptance_rate']:.1%}" if s["drafted_tokens"] else "-", f"{s['ms_per_loop']:.1f}",
                            " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"])
         tables.append((f"All prompts, temperature {temperature}", detail_header, detail))
@@ -165,7 +172,8 @@ def to_text(report: dict) -> str:
         out += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
     for failure in report["failed"]:
         out.append(f"failed: {failure['question_id']}: {failure['error']}")
-    out.append("\ntau = mean accepted length (tokens per target forward); accept = accepted / drafted tokens")
+    out.append("\ntau = mean accepted length (tokens per target forward); accept = accepted / drafted tokens; "
+               "decode only = the speedup without the prefill")
     return "\n".join(out)
 
 
