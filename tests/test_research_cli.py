@@ -111,6 +111,22 @@ def test_verify_passes_the_engine(capsys, model_dirs):
     assert "PASS  first token" in text and "greedy check: 1/1" in text and "PASSED" in text
 
 
+def test_verify_exits_one_when_speculation_is_not_lossless(capsys, model_dirs, monkeypatch):
+    import torch
+
+    import specdec.engine.engine as engine_module
+    from specdec.sampling.rejection import VerifyResult
+
+    def accept_everything(draft_ids, num_draft, draft_probs, target_probs, generator=None):
+        bonus = torch.multinomial(target_probs[:, -1], 1, generator=generator)
+        return VerifyResult(torch.cat([draft_ids, bonus], dim=1), num_draft.clone())
+
+    monkeypatch.setattr(engine_module, "rejection_sample", accept_everything)
+    code, text, _ = run(capsys, "verify", *_models(model_dirs), "-k", "3", "--samples", "300",
+                        "--temperature", "0.6", "--prompt", "the cat sat", "--greedy-prompts", "0")
+    assert code == 1 and "FAIL  first token" in text and "FAILED" in text
+
+
 @pytest.mark.parametrize("argv,message", [
     (["bench", "--k", "0,2"], "k values must be comma-separated ints >= 1"),
     (["bench", "--k", "two"], "k values must be comma-separated ints >= 1"),
