@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conftest import make_model
 from specdec.engine import SpecEngine

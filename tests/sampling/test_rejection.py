@@ -1,6 +1,5 @@
 """Losslessness of rejection_sample: exact enumeration, then sampling at scale."""
 
-import itertools
 
 import pytest
 import torch
