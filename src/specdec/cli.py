@@ -63,6 +63,10 @@ def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4) -> Non
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
     parser.add_argument("-k", type=_positive_int, default=k_default,
                         help=f"draft tokens per step, >= 1 (default: {k_default}; copying with ngram likes 8)")
+    _add_ngram_args(parser)
+
+
+def _add_ngram_args(parser: argparse.ArgumentParser) -> None:
     ngram = parser.add_argument_group("n-gram lookup (--method ngram, ngram+draft)")
     ngram.add_argument("--ngram-max", type=_positive_int, default=3,
                        help="longest suffix to look up; tried first (default: 3)")
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specdec.research_cli import add_research_commands
 
-    add_research_commands(sub, _add_model_args, _add_method_args, _positive_int)
+    add_research_commands(sub, _add_model_args, _add_method_args, _add_ngram_args, _positive_int)
 
     models = sub.add_parser("models", help="list, fetch or verify the embedded default models",
                             formatter_class=argparse.RawDescriptionHelpFormatter,

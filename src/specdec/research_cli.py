@@ -75,7 +75,7 @@ def _int_list(text: str) -> list[int]:
     return _number_list(text, int, 1, "k values")
 
 
-def add_research_commands(sub, add_model_args, add_method_args, positive_int) -> None:
+def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, positive_int) -> None:
     import argparse
 
     raw = argparse.RawDescriptionHelpFormatter
@@ -100,7 +100,7 @@ def add_research_commands(sub, add_model_args, add_method_args, positive_int) ->
     bench.add_argument("--report-only", action="store_true", help="rebuild the report from OUT; load no model")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_ngram_options(bench, positive_int)
+    add_ngram_args(bench)
 
     analyze = sub.add_parser("analyze", help="measure alpha and c on your models; predicted vs measured speedup",
                              epilog=EPILOG_ANALYZE, formatter_class=raw)
@@ -136,14 +136,6 @@ def add_research_commands(sub, add_model_args, add_method_args, positive_int) ->
     verify.add_argument("--seed", type=int, default=0, help="(default: 0)")
 
 
-def _add_ngram_options(parser, positive_int) -> None:
-    group = parser.add_argument_group("n-gram lookup (methods ngram, ngram+draft)")
-    group.add_argument("--ngram-max", type=positive_int, default=3, help="default: 3")
-    group.add_argument("--ngram-min", type=positive_int, default=1, help="default: 1")
-    group.add_argument("--draft-k", type=positive_int, default=None, help="ngram+draft: draft-model tokens per "
-                                                                          "step at most (default: k)")
-
-
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -169,7 +161,8 @@ def cmd_bench(args, load_models) -> int:
         from specdec.proposers.registry import build_proposer, needs_draft_model
 
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, draft_k=args.draft_k)
+        options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
+                       draft_k=args.draft_k)
         for method in methods:
             check_proposer_options(method, **options)
         grid = method_grid(methods, _int_list(args.k))

@@ -16,7 +16,7 @@ import platform
 import sys
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdec.bench.prompt_sets import BenchPrompt
@@ -76,6 +76,11 @@ def row_key(row: dict) -> tuple:
     return row["question_id"], row["method"], row["k"], float(row["temperature"]), row["repeat"]
 
 
+def job_key(prompt: BenchPrompt, repeat: int, temperature: float, spec: MethodSpec) -> tuple:
+    """The row_key of the row this job will write."""
+    return prompt.question_id, spec.method, spec.k, float(temperature), repeat
+
+
 def read_results(path: str | Path) -> tuple[dict, list[dict]]:
     """(run info, generation rows) of a results file; ({}, []) when it does not exist yet."""
     path = Path(path)
@@ -116,9 +121,8 @@ def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, 
     turns = []
     for index, user_text in enumerate(prompt.turns):
         messages.append({"role": "user", "content": user_text})
-        turn_params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p,
-                                     seed_of_turn(index))
-        result = engine.generate(_chat_ids(engine.tokenizer, messages), turn_params, max_new_tokens=max_new_tokens)
+        result = engine.generate(_chat_ids(engine.tokenizer, messages), replace(params, seed=seed_of_turn(index)),
+                                 max_new_tokens=max_new_tokens)
         messages.append({"role": "assistant", "content": result.text})
         stats = result.stats
         turns.append(dict(
@@ -159,8 +163,7 @@ def run_bench(plan: BenchPlan, engines: dict[MethodSpec, SpecEngine], out_path: 
                 raise ValueError(f"{out_path} was recorded with {name}={info[name]!r}, not {run_info[name]!r}; "
                                  "pass another --out to start a new results file")
     done = {row_key(r) for r in rows}
-    pending = [job for job in plan.jobs() if (job[0].question_id, job[3].method, job[3].k, float(job[2]), job[1])
-               not in done]
+    pending = [job for job in plan.jobs() if job_key(*job) not in done]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("a") as sink:
         if not info:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -164,7 +164,7 @@ class SpecEngine:
             self.target.forward(prefix[:, :-1], torch.arange(prefix.shape[1] - 1, device=device)[None],
                                 last_n_logits=1)
         for index in range(samples):
-            step_params = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed + index)
+            step_params = replace(params, seed=seed + index)
             generator = step_params.make_generator(device)
             tokens, drawn = prefix, []
             self.target.truncate(torch.tensor([prefix.shape[1] - 1]))
