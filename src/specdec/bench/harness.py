@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specdec.bench.prompt_sets import BenchPrompt
 from specdec.engine import SpecEngine
+from specdec.engine.engine import chat_template_ids
 from specdec.sampling import SamplingParams
 
 AUTOREGRESSIVE = "autoregressive"
@@ -103,8 +104,7 @@ def read_results(path: str | Path) -> tuple[dict, list[dict]]:
 
 def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return chat_template_ids(tokenizer, messages)
     # No template (a base model): the turns as plain text, answers in between.
     return tokenizer("\n\n".join(m["content"] for m in messages) + "\n\n")["input_ids"]
 

@@ -33,6 +33,12 @@ from specdec.sampling.rejection import greedy_verify, rejection_sample
 from specdec.sampling.warp import warp_logits
 
 
+def chat_template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The tokenizer's chat template over messages, ending with the assistant's turn opened."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in transformers 5
+
+
 @dataclass
 class StreamChunk:
     text: str  # new text since the previous chunk
@@ -84,10 +90,7 @@ class SpecEngine:
             if chat:
                 if not getattr(self.tokenizer, "chat_template", None):
                     raise ValueError("--chat: this tokenizer has no chat template")
-                ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-                )
-                ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
+                ids = chat_template_ids(self.tokenizer, [{"role": "user", "content": prompt}])
             else:
                 ids = self.tokenizer(prompt)["input_ids"]
         else:
@@ -159,10 +162,7 @@ class SpecEngine:
         ids = self.encode(prompt, chat)
         device = self.target.device
         prefix = torch.tensor([ids], dtype=torch.int64, device=device)  # [1, L]
-        self.target.reset()
-        if prefix.shape[1] > 1:
-            self.target.forward(prefix[:, :-1], torch.arange(prefix.shape[1] - 1, device=device)[None],
-                                last_n_logits=1)
+        self._prefill(prefix)
         for index in range(samples):
             step_params = replace(params, seed=seed + index)
             generator = step_params.make_generator(device)
@@ -206,11 +206,9 @@ class SpecEngine:
         stats.prompt_tokens = tokens.shape[1]
 
         started = time.perf_counter()
-        self.target.reset()
         if self.proposer is not None:
             self.proposer.reset()
-        if tokens.shape[1] > 1:  # everything but the last token, which opens the first step
-            self.target.forward(tokens[:, :-1], torch.arange(tokens.shape[1] - 1, device=device)[None], last_n_logits=1)
+        self._prefill(tokens)
         stats.prefill_time_s = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -229,6 +227,13 @@ class SpecEngine:
                 tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
             stats.decode_time_s = time.perf_counter() - started
             yield kept
+
+    def _prefill(self, tokens: torch.Tensor) -> None:  # [1, L]
+        """A fresh target cache holding every token but the last, which opens the first step."""
+        self.target.reset()
+        if tokens.shape[1] > 1:
+            positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None]
+            self.target.forward(tokens[:, :-1], positions, last_n_logits=1)
 
     def _step(self, ctx: ProposeContext, max_k: int) -> tuple[list[int], int, int]:
         """One speculative step; returns (verified tokens, drafted, accepted)."""

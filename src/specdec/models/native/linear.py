@@ -19,6 +19,20 @@ QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantized with
 
 
+def batch_invariant(x: torch.Tensor, out_features: int, project) -> torch.Tensor:  # [..., K] -> [..., N]
+    """project(rows) with a single row fed twice, so one row rounds exactly like several.
+
+    BLAS and oneDNN take a gemv path for one row whose rounding differs (by an
+    ulp) from their multi-row path, and bf16 grows that into different greedy
+    tokens: plain decoding would not be bit-identical to verification of the same
+    positions. Two copies of the row cost the same as one on a memory-bound step.
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    single = rows.shape[0] == 1
+    out = project(rows.expand(2, -1) if single else rows)
+    return (out[:1] if single else out).reshape(*x.shape[:-1], out_features)
+
+
 class DenseLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:  # [N, K], [N]
         super().__init__()
@@ -26,11 +40,9 @@ class DenseLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        if x.device.type == "cpu" and x.shape[:-1].numel() == 1:
-            # Batch invariance, as in PackedLinear below: BLAS's one-row (gemv) path
-            # rounds differently from its multi-row path.
-            return nn.functional.linear(x.reshape(1, -1).expand(2, -1), self.weight, self.bias)[:1].reshape(
-                *x.shape[:-1], -1)
+        if x.device.type == "cpu":
+            return batch_invariant(x, self.weight.shape[0], lambda rows: nn.functional.linear(rows, self.weight,
+                                                                                               self.bias))
         return nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -61,19 +73,10 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        single = rows.shape[0] == 1
-        if single:
-            # Batch invariance: oneDNN takes a gemv path for one row whose rounding
-            # differs (by an ulp) from its 2..9-row path, and bf16 grows that into
-            # different greedy tokens. Plain decoding would then not be bit-identical
-            # to verification of the same positions. Two copies of the row cost the
-            # same as one (see the table above) and take the verification path.
-            rows = rows.expand(2, -1)
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
-        if single:
-            out = out[:1]
-        return out.reshape(*x.shape[:-1], self.out_features)
+        # Batch invariance (see batch_invariant): oneDNN's 1-row path rounds unlike its 2..9-row
+        # path, and two rows cost the same as one here (see the table above).
+        return batch_invariant(x, self.out_features, lambda rows: torch.ops.mkldnn._linear_pointwise(
+            rows, self.packed_weight, self.bias, "none", [], ""))
 
 
 class Int8Linear(nn.Module):

@@ -25,9 +25,14 @@ import torch
 CORPUS = "vocab_corpus.jsonl.gz"
 
 
-def corpus_texts() -> list[str]:
+def corpus_records() -> list[dict]:
+    """The shipped corpus: {"source", "text"} per line (HumanEval, MT-bench; see data/README.md)."""
     with resources.files("specdec.data").joinpath(CORPUS).open("rb") as raw, gzip.open(raw, "rt") as lines:
-        return [json.loads(line)["text"] for line in lines]
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def corpus_texts() -> list[str]:
+    return [record["text"] for record in corpus_records()]
 
 
 def frequent_token_ids(tokenizer, count: int, vocab_size: int, texts: list[str] | None = None) -> torch.Tensor:
