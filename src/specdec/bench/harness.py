@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specdec.bench.prompt_sets import BenchPrompt
 from specdec.engine import SpecEngine
-from specdec.engine.engine import chat_template_ids
+from specdec.engine.request import chat_template_ids
 from specdec.sampling import SamplingParams
 
 AUTOREGRESSIVE = "autoregressive"

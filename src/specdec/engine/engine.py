@@ -24,19 +24,28 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request
+from specdec.engine.request import Request, check_generation_options, encode_prompt
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.params import SamplingParams
-from specdec.sampling.rejection import greedy_verify, rejection_sample
+from specdec.sampling.rejection import VerifyResult, greedy_verify, rejection_sample
 from specdec.sampling.warp import warp_logits
 
 
-def chat_template_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The tokenizer's chat template over messages, ending with the assistant's turn opened."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in transformers 5
+def verify_step(
+    draft_ids: torch.Tensor,  # [B, k] int64, padded with -1
+    num_draft: torch.Tensor,  # [B]
+    draft_probs: torch.Tensor | None,  # [B, k, V]; None = point mass
+    target_logits: torch.Tensor,  # [B, k+1, V] raw
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Steps 3-4: greedy matching at temperature 0, else warp the target and rejection-sample."""
+    if params.greedy:
+        return greedy_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+    target_probs = warp_logits(target_logits, params)  # [B, k+1, V]
+    return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator)
 
 
 @dataclass
@@ -84,25 +93,7 @@ class SpecEngine:
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Prompt text (optionally wrapped in the chat template) or ids -> ids, validated."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
-            if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise ValueError("--chat: this tokenizer has no chat template")
-                ids = chat_template_ids(self.tokenizer, [{"role": "user", "content": prompt}])
-            else:
-                ids = self.tokenizer(prompt)["input_ids"]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) >= self.target.max_context:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens but the target's context window is "
-                f"{self.target.max_context} tokens; shorten the prompt"
-            )
-        return list(ids)
+        return encode_prompt(self.tokenizer, prompt, self.target.max_context, chat)
 
     # ---- API --------------------------------------------------------------------------------
 
@@ -183,18 +174,13 @@ class SpecEngine:
     # ---- the loop ---------------------------------------------------------------------------
 
     def _make_request(self, prompt, params, max_new_tokens, stop, chat) -> Request:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if isinstance(stop, str):
-            stop = (stop,)
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError("stop strings must be non-empty strings")
+        stop = check_generation_options(max_new_tokens, stop)
         return Request(
             prompt_ids=self.encode(prompt, chat),
             params=params or SamplingParams(),
             max_new_tokens=max_new_tokens,
             eos_token_ids=self.eos_token_ids,
-            stop=tuple(stop),
+            stop=stop,
             tokenizer=self.tokenizer,
         )
 
@@ -254,13 +240,8 @@ class SpecEngine:
         target_logits = self.target.forward(inputs, positions).logits  # [1, k+1, V]
 
         # 3-4. Warp and verify.
-        if ctx.params.greedy:
-            result = greedy_verify(draft_ids, proposal.num_tokens, target_logits.argmax(dim=-1))
-        else:
-            target_probs = warp_logits(target_logits, ctx.params)  # [1, k+1, V]
-            result = rejection_sample(
-                draft_ids, proposal.num_tokens, proposal.probs, target_probs, generator=ctx.generator
-            )
+        result = verify_step(draft_ids, proposal.num_tokens, proposal.probs, target_logits, ctx.params,
+                             ctx.generator)
 
         # 5. Roll back: keep the last token and the accepted drafts; the new
         #    final token is not cached yet (it opens the next step).

@@ -7,9 +7,50 @@ is ever emitted, whichever step they fall in.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specdec.sampling.params import SamplingParams
+
+
+def chat_template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The tokenizer's chat template over messages, ending with the assistant's turn opened."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in transformers 5
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[int], max_context: int, chat: bool = False) -> list[int]:
+    """Prompt text (optionally wrapped in the chat template) or ids -> ids, validated against the context."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError("--chat: this tokenizer has no chat template")
+            ids = chat_template_ids(tokenizer, [{"role": "user", "content": prompt}])
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) >= max_context:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but the target's context window is "
+            f"{max_context} tokens; shorten the prompt"
+        )
+    return list(ids)
+
+
+def check_generation_options(max_new_tokens: int, stop: Sequence[str] | str) -> tuple[str, ...]:
+    """Validate max_new_tokens and stop strings; returns the stop strings as a tuple."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ValueError("stop strings must be non-empty strings")
+    return tuple(stop)
 
 
 @dataclass

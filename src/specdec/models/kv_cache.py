@@ -5,6 +5,11 @@ Row b holds valid entries in slots [0, seq_lens[b]); a forward writes its T new
 tokens at slots seq_lens[b] .. seq_lens[b]+T-1 and the attention mask hides
 every slot at or past the end, so truncating after a rejected draft only moves
 seq_lens back: the stale entries are overwritten by the next forward.
+
+A server keeps one row per running request: rows(start, stop) is a view on a
+contiguous block of rows (a forward over only the running requests, or a
+prefill of one newcomer), and move_row() packs the running rows together when
+one finishes, so that block stays contiguous.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class StaticKVCache:
         self.keys = self.values = None
         self._allocate(min(initial_capacity, max_capacity))
         self.seq_lens = [0] * batch_size  # host-side bookkeeping; no device sync to read it
+        self._all = CacheRows(self, 0, batch_size)
 
     @property
     def capacity(self) -> int:
@@ -46,24 +52,70 @@ class StaticKVCache:
                 capacity *= 2
             self._allocate(min(capacity, self.max_capacity))
 
+    # Whole-cache access is the view over every row.
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:  # [B, H_kv, T, D] each
-        steps = keys.shape[2]
-        for row, start in enumerate(self.seq_lens):
-            self.keys[layer, row, :, start:start + steps] = keys[row]
-            self.values[layer, row, :, start:start + steps] = values[row]
+        self._all.write(layer, keys, values)
 
     def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # [B, H_kv, length, D] each
-        return self.keys[layer, :, :, :length], self.values[layer, :, :, :length]
+        return self._all.view(layer, length)
 
     def advance(self, steps: int) -> None:
-        self.seq_lens = [n + steps for n in self.seq_lens]
+        self._all.advance(steps)
 
     def truncate(self, seq_lens: list[int]) -> None:
-        if len(seq_lens) != len(self.seq_lens):
-            raise ValueError(f"truncate got {len(seq_lens)} lengths for a batch of {len(self.seq_lens)}")
-        if any(new < 0 or new > old for new, old in zip(seq_lens, self.seq_lens)):
-            raise ValueError(f"truncate can only shrink: cached {self.seq_lens}, asked {seq_lens}")
-        self.seq_lens = list(seq_lens)
+        self._all.truncate(seq_lens)
 
     def reset(self) -> None:
         self.seq_lens = [0] * len(self.seq_lens)
+
+    def rows(self, start: int, stop: int) -> CacheRows:
+        if not 0 <= start < stop <= len(self.seq_lens):
+            raise ValueError(f"rows {start}:{stop} are outside a cache of {len(self.seq_lens)} rows")
+        return CacheRows(self, start, stop)
+
+    def move_row(self, source: int, destination: int) -> None:
+        """Copy row source's entries into row destination (whose old entries are dropped)."""
+        length = self.seq_lens[source]
+        self.keys[:, destination, :, :length] = self.keys[:, source, :, :length]
+        self.values[:, destination, :, :length] = self.values[:, source, :, :length]
+        self.seq_lens[destination] = length
+
+
+class CacheRows:
+    """Rows [start, stop) of a StaticKVCache, with the same interface: a forward over
+    them reads and writes only those rows. Storage and bookkeeping stay the parent's
+    (read at every call, so a growing parent is seen)."""
+
+    def __init__(self, parent: StaticKVCache, start: int, stop: int) -> None:
+        self.parent, self.start, self.stop = parent, start, stop
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return self.parent.seq_lens[self.start:self.stop]
+
+    def reserve(self, length: int) -> None:
+        self.parent.reserve(length)
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:  # [b, H_kv, T, D] each
+        steps = keys.shape[2]
+        for offset, start in enumerate(self.seq_lens):
+            row = self.start + offset
+            self.parent.keys[layer, row, :, start:start + steps] = keys[offset]
+            self.parent.values[layer, row, :, start:start + steps] = values[offset]
+
+    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # [b, H_kv, length, D] each
+        rows = slice(self.start, self.stop)
+        return self.parent.keys[layer, rows, :, :length], self.parent.values[layer, rows, :, :length]
+
+    def advance(self, steps: int) -> None:
+        self._set_lengths([n + steps for n in self.seq_lens])
+
+    def truncate(self, seq_lens: list[int]) -> None:
+        if len(seq_lens) != self.stop - self.start:
+            raise ValueError(f"truncate got {len(seq_lens)} lengths for a batch of {self.stop - self.start}")
+        if any(new < 0 or new > old for new, old in zip(seq_lens, self.seq_lens)):
+            raise ValueError(f"truncate can only shrink: cached {self.seq_lens}, asked {seq_lens}")
+        self._set_lengths(seq_lens)
+
+    def _set_lengths(self, seq_lens: list[int]) -> None:
+        self.parent.seq_lens[self.start:self.stop] = list(seq_lens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
+from specdec.proposers.batched import BatchedDraftModelProposer, BatchProposer, RowwiseProposer
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
@@ -64,3 +65,36 @@ def build_proposer(
     return NgramThenDraftProposer(
         NgramProposer(ngram_max, ngram_min, ngram_tie_break), DraftModelProposer(draft_runner), draft_k
     )
+
+
+BATCHED_METHODS = ("autoregressive", "draft", "ngram")  # what the batched engine (the server) runs
+
+
+def check_batched_method(method: str) -> None:
+    check_method(method)
+    if method not in BATCHED_METHODS:
+        raise ValueError(f"method {method!r} is not available with batching (specdec serve) yet; "
+                         f"choose one of: {', '.join(BATCHED_METHODS)}")
+
+
+def build_batch_proposer(
+    method: str,
+    *,
+    slots: int,
+    draft_runner=None,  # a NativeRunner with `slots` rows
+    ngram_max: int = 3,
+    ngram_min: int = 1,
+    ngram_tie_break: str = "recent",
+) -> BatchProposer | None:
+    """The proposer of engine/batch.py's BatchEngine; None means plain decoding."""
+    check_batched_method(method)
+    check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
+    if method == "autoregressive":
+        return None
+    if method == "ngram":
+        return RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
+    if draft_runner is None:
+        raise ValueError(f"method {method!r} needs a draft model (--draft)")
+    if getattr(draft_runner, "batch_size", None) != slots:
+        raise ValueError("the batched draft proposer needs a native draft runner with one cache row per slot")
+    return BatchedDraftModelProposer(draft_runner)

@@ -36,6 +36,19 @@ class NativeRunner:
     def seq_len(self) -> int:
         return max(self.cache.seq_lens)
 
+    @property
+    def batch_size(self) -> int:
+        return len(self.cache.seq_lens)
+
+    def row_lengths(self, rows: slice | None = None) -> list[int]:
+        """Cached tokens of each row (of rows, a contiguous block; default all)."""
+        return self.cache.seq_lens[rows or slice(None)]
+
+    def with_batch_size(self, batch_size: int, initial_cache_len: int = 512) -> NativeRunner:
+        """A runner over the same weights with its own cache of batch_size rows (a server's slots)."""
+        return NativeRunner(self.decoder, batch_size=batch_size, head_rows=self.head_rows,
+                            max_context=self.max_context, initial_cache_len=initial_cache_len)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -44,22 +57,35 @@ class NativeRunner:
         *,
         last_n_logits: int | None = None,
         among_new: torch.Tensor | None = None,  # [B, T, T] bool, which new tokens each new token sees
+        rows: slice | None = None,  # only these cache rows (contiguous, step 1); B = their count
     ) -> ForwardOutput:
-        if token_ids.shape[0] != len(self.cache.seq_lens):
-            raise ValueError(f"this runner was built for batch size {len(self.cache.seq_lens)}, "
-                             f"got {token_ids.shape[0]} rows")
-        logits, hidden = self.decoder(token_ids.to(self.device), positions.to(self.device), self.cache,
+        cache = self._cache_rows(rows)
+        if token_ids.shape[0] != len(cache.seq_lens):
+            raise ValueError(f"this forward covers {len(cache.seq_lens)} cache rows, got {token_ids.shape[0]} rows")
+        logits, hidden = self.decoder(token_ids.to(self.device), positions.to(self.device), cache,
                                       among_new=among_new, last_n_logits=last_n_logits)
         if self.head_rows is not None:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_rows, logits)
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def truncate(self, seq_lens: torch.Tensor) -> None:
-        lengths = [int(n) for n in seq_lens.reshape(-1).tolist()]
-        if len(lengths) == 1 and len(self.cache.seq_lens) > 1:
-            lengths = lengths * len(self.cache.seq_lens)
-        self.cache.truncate([min(new, old) for new, old in zip(lengths, self.cache.seq_lens)])
+    def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None:
+        cache = self._cache_rows(rows)
+        lengths = [int(n) for n in torch.as_tensor(seq_lens).reshape(-1).tolist()]
+        if len(lengths) == 1 and len(cache.seq_lens) > 1:
+            lengths = lengths * len(cache.seq_lens)
+        cache.truncate([min(new, old) for new, old in zip(lengths, cache.seq_lens)])
+
+    def move_row(self, source: int, destination: int) -> None:
+        self.cache.move_row(source, destination)
+
+    def _cache_rows(self, rows: slice | None):
+        if rows is None:
+            return self.cache
+        start, stop, step = rows.indices(self.batch_size)
+        if step != 1:
+            raise ValueError("rows must be a contiguous block")
+        return self.cache.rows(start, stop)
 
     def reset(self) -> None:
         self.cache.reset()

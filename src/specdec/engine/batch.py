@@ -1,0 +1,221 @@
+"""BatchEngine: many requests at once, one target forward per step (continuous batching).
+
+Each running request owns one row of the target's cache (and of the draft's),
+and the running rows are kept packed at 0..B-1: a newcomer is prefilled into
+row B, a request that finishes is replaced by the last row (move_row). A step
+is SpecEngine's step over all rows together:
+  1. the proposer drafts up to k tokens per row, each row capped by what it may
+     still emit (max_new_tokens, context), padded with -1 (ragged);
+  2. one target forward over [last_token, *drafts] of every row, each row at its
+     own positions;
+  3-4. each row is verified with its own params and generator (verify_step, the
+     single-sequence code), so it accepts its own number of drafts;
+  5. each row's target and draft caches roll back to its own length;
+  6. each row commits, cut at EOS / stop string / max_new_tokens; finished rows leave;
+  7. stats per request.
+Row b draws exactly the random numbers it would draw alone, and its tokens
+depend only on its own context, so a request's output does not depend on what
+else runs beside it (tests compare with SpecEngine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.engine.engine import verify_step
+from specdec.engine.metrics import RequestStats
+from specdec.engine.request import Request, check_generation_options, encode_prompt
+from specdec.models.loader import eos_ids_of
+from specdec.models.native.runner import NativeRunner
+from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.batched import BatchProposer
+from specdec.sampling.params import SamplingParams
+
+
+@dataclass
+class RowUpdate:
+    """What one step did for one request."""
+
+    handle: Hashable  # the caller's name for the request
+    token_ids: list[int]  # committed this step
+    text: str  # new text that is safe to show (held back: partial UTF-8, a possible stop string)
+    finish_reason: str | None  # "eos" | "stop" | "length" on the request's last update
+    stats: RequestStats
+
+
+@dataclass
+class _Running:
+    handle: Hashable
+    request: Request
+    generator: torch.Generator
+    tokens: list[int]  # prompt and committed tokens
+    stats: RequestStats = field(default_factory=RequestStats)
+    decode_started: float = 0.0
+
+
+@dataclass
+class StepInfo:
+    """The last step, for metrics: rows, drafted width, time."""
+
+    rows: int = 0
+    width: int = 0  # drafts per row in the target's forward (k of [last, *drafts])
+    time_s: float = 0.0
+
+
+class BatchEngine:
+    """Speculative decoding of up to target.batch_size requests at a time.
+
+    >>> engine = BatchEngine(target.with_batch_size(8), BatchedDraftModelProposer(draft.with_batch_size(8)),
+    ...                      tokenizer, k=4)
+    >>> engine.add("a", engine.make_request("def fib(n):", SamplingParams(), max_new_tokens=64))
+    >>> while engine.running: updates = engine.step()
+    """
+
+    def __init__(self, target: NativeRunner, proposer: BatchProposer | None = None, tokenizer: object | None = None,
+                 *, k: int = 4, eos_token_ids: frozenset[int] | None = None) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (draft tokens per step) must be an integer >= 1, got {k!r}")
+        self.target, self.proposer, self.tokenizer, self.k = target, proposer, tokenizer, k
+        self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
+        self.slots = target.batch_size
+        self.max_context = target.max_context
+        self._rows: list[_Running] = []
+        self.last_step = StepInfo()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                     max_new_tokens: int = 128, stop: Sequence[str] = (), chat: bool = False,
+                     ignore_eos: bool = False) -> Request:
+        """Validate and encode; raises ValueError for bad input, before anything runs."""
+        stop = check_generation_options(max_new_tokens, stop)
+        return Request(prompt_ids=encode_prompt(self.tokenizer, prompt, self.max_context, chat),
+                       params=params or SamplingParams(), max_new_tokens=max_new_tokens,
+                       eos_token_ids=frozenset() if ignore_eos else self.eos_token_ids, stop=stop,
+                       tokenizer=self.tokenizer)
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - len(self._rows)
+
+    def handles(self) -> list[Hashable]:
+        return [row.handle for row in self._rows]
+
+    def add(self, handle: Hashable, request: Request) -> None:
+        """Prefill the request into the next free row; it takes part in the next step."""
+        if not self.free_slots:
+            raise RuntimeError("no free row: wait until a request finishes")
+        row = len(self._rows)
+        running = _Running(handle, request, request.params.make_generator(self.target.device),
+                           list(request.prompt_ids))
+        running.stats.prompt_tokens = len(request.prompt_ids)
+        started = time.perf_counter()
+        rows = slice(row, row + 1)
+        self.target.truncate([0], rows=rows)
+        if len(request.prompt_ids) > 1:  # the cache holds all but the last token, which opens the first step
+            ids = torch.tensor([request.prompt_ids[:-1]], dtype=torch.int64, device=self.target.device)
+            self.target.forward(ids, torch.arange(ids.shape[1], device=self.target.device)[None], rows=rows,
+                                last_n_logits=1)
+        if self.proposer is not None:
+            self.proposer.start_row(row, request.prompt_ids)
+        running.stats.prefill_time_s = time.perf_counter() - started
+        running.decode_started = time.perf_counter()
+        self._rows.append(running)
+
+    def remove(self, handle: Hashable) -> bool:
+        """Drop a request (its client went away); False if it is not running."""
+        for row, running in enumerate(self._rows):
+            if running.handle == handle:
+                self._free(row)
+                return True
+        return False
+
+    def clear(self) -> list[Hashable]:
+        """Drop every request (after an error); returns their handles."""
+        handles = self.handles()
+        self._rows.clear()
+        return handles
+
+    # ---- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RowUpdate]:
+        """One speculative step over every running request."""
+        if not self._rows:
+            return []
+        started = time.perf_counter()
+        rows, device = self._rows, self.target.device
+        batch = len(rows)
+        lengths = [len(row.tokens) for row in rows]
+        # Every row writes k+1 positions, so the fullest row bounds k for all.
+        room = min(self.max_context - length for length in lengths)
+        max_ks = [max(0, min(self.k, row.request.remaining - 1, room - 1)) for row in rows]
+
+        # 1. Propose, each row within its own cap.
+        contexts = [ProposeContext(torch.tensor([row.tokens], device=device), row.request.params, row.generator,
+                                   self.target.vocab_size) for row in rows]
+        if self.proposer is not None and max(max_ks) >= 1:
+            proposal = self.proposer.propose(contexts, max_ks)
+        else:
+            proposal = DraftProposal.empty(batch, device)
+        draft_ids = proposal.token_ids.to(device)  # [B, k]
+        k = draft_ids.shape[1]
+
+        # 2. One target forward over [last_token, *drafts] of every row, each at its own positions.
+        last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
+        inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
+        positions = torch.tensor(lengths, device=device)[:, None] - 1 + torch.arange(k + 1, device=device)[None]
+        target_logits = self.target.forward(inputs, positions, rows=slice(0, batch)).logits  # [B, k+1, V]
+
+        # 3-4. Verify each row alone: its own width, params and generator.
+        num_draft = proposal.num_tokens.tolist()  # host sync: commit code
+        verified: list[list[int]] = []
+        for b, row in enumerate(rows):
+            width = num_draft[b]
+            probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
+            result = verify_step(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
+                                 target_logits[b:b + 1, :width + 1], row.request.params, row.generator)
+            accepted = int(result.num_accepted[0])
+            verified.append(result.output_ids[0, :accepted + 1].tolist())
+
+        # 5. Roll back each row to its committed tokens but the last (which opens the next step).
+        num_accepted = [len(tokens) - 1 for tokens in verified]
+        self.target.truncate([length + a for length, a in zip(lengths, num_accepted)], rows=slice(0, batch))
+        if self.proposer is not None and k > 0:
+            self.proposer.on_verified(torch.tensor(num_accepted))
+
+        # 6-7. Commit, cut at EOS / stop / length; record; finished rows leave.
+        updates, finished = [], []
+        now = time.perf_counter()
+        for b, row in enumerate(rows):
+            kept = row.request.commit(verified[b])
+            row.tokens += kept
+            row.stats.record_step(num_draft[b], num_accepted[b], len(kept))
+            row.stats.decode_time_s = now - row.decode_started
+            if not row.request.finished and len(row.tokens) >= self.max_context:
+                row.request.finish("length")
+            text = row.request.text_delta() if self.tokenizer is not None else ""
+            updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats))
+            if row.request.finished:
+                finished.append(b)
+        for b in reversed(finished):  # descending, so packing never moves a row still to be freed
+            self._free(b)
+        self.last_step = StepInfo(batch, k, time.perf_counter() - started)
+        return updates
+
+    def _free(self, row: int) -> None:
+        """Pack: the last row moves into the freed one."""
+        last = len(self._rows) - 1
+        if row != last:
+            self.target.move_row(last, row)
+            if self.proposer is not None:
+                self.proposer.move_row(last, row)
+            self._rows[row] = self._rows[last]
+        self._rows.pop()

@@ -1,0 +1,174 @@
+"""Proposers for a batch of running requests, one cache row per request (the server's engine).
+
+Row b of every tensor belongs to the request running in row b of the target's
+cache (engine/batch.py keeps the running rows packed at 0..B-1). Each row has
+its own context, sampling params, generator and cap on drafts this step; the
+proposal is padded to the longest row with -1 and num_tokens says how many
+are real, so verification is ragged exactly as vLLM's is.
+
+Two implementations:
+  RowwiseProposer          any single-sequence Proposer, one instance per row
+                           (n-gram lookup: its index is per request anyway)
+  BatchedDraftModelProposer one draft model, one forward per drafted position
+                           for every row at once
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from specdec.models.native.runner import NativeRunner
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.proposers.draft_model import match_vocab
+from specdec.sampling.warp import sample_from_probs, warp_logits
+
+
+class BatchProposer(Protocol):
+    def start_row(self, row: int, prompt_ids: list[int]) -> None: ...  # a new request now runs in row
+
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal: ...  # [B, k]
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None: ...  # [B] for rows 0..B-1
+
+    def move_row(self, source: int, destination: int) -> None: ...  # packing after a request left
+
+
+def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: torch.device) -> DraftProposal:
+    """Stack one-row proposals [1, k_b] into [B, max k_b], -1 padded.
+
+    Rows without a distribution are point masses; when some other row has one,
+    they get the one-hot q that None stands for (the same acceptance and residual).
+    """
+    width = max((p.token_ids.shape[1] for p in proposals), default=0)
+    batch = len(proposals)
+    token_ids = torch.full((batch, width), -1, dtype=torch.int64, device=device)
+    num_tokens = torch.zeros(batch, dtype=torch.int64, device=device)
+    with_probs = any(p.probs is not None for p in proposals)
+    probs = torch.zeros(batch, width, vocab_size, device=device) if with_probs else None
+    for row, proposal in enumerate(proposals):
+        k = proposal.token_ids.shape[1]
+        token_ids[row, :k] = proposal.token_ids[0].to(device)
+        num_tokens[row] = int(proposal.num_tokens[0])
+        if probs is not None and k:
+            probs[row, :k] = (proposal.probs[0].to(device) if proposal.probs is not None else
+                              torch.nn.functional.one_hot(proposal.token_ids[0].clamp_min(0), vocab_size).float())
+    return DraftProposal(token_ids, num_tokens, probs)
+
+
+class RowwiseProposer:
+    """One single-sequence proposer per row; propose() asks each row's in turn."""
+
+    def __init__(self, make_proposer: Callable[[], Proposer], slots: int) -> None:
+        self.rows: list[Proposer] = [make_proposer() for _ in range(slots)]
+        self._proposed = [False] * slots  # whose proposal is being verified
+
+    def start_row(self, row: int, prompt_ids: list[int]) -> None:
+        self.rows[row].reset()
+
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
+        device = contexts[0].token_ids.device
+        proposals = []
+        for row, (ctx, max_k) in enumerate(zip(contexts, max_ks)):
+            self._proposed[row] = max_k >= 1
+            proposals.append(self.rows[row].propose(ctx, max_k) if max_k >= 1 else DraftProposal.empty(1, device))
+        return pad_proposals(proposals, contexts[0].vocab_size, device)
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        for row, accepted in enumerate(num_accepted.reshape(-1, 1)):
+            if self._proposed[row]:
+                self.rows[row].on_verified(accepted)
+
+    def move_row(self, source: int, destination: int) -> None:
+        self.rows[source], self.rows[destination] = self.rows[destination], self.rows[source]
+        self._proposed[destination] = self._proposed[source]
+
+
+class BatchedDraftModelProposer:
+    """DraftModelProposer (Chen et al. 2023, Algorithm 2) for B rows in lockstep.
+
+    Each row's draft cache holds its committed tokens except those the target
+    closed the last step with; propose() first feeds those (1 or 2 per row, more
+    after steps another proposer drafted) in one right-padded forward, reads each
+    row's logits at its own last real token and cuts the padding off again. Then
+    k single-token forwards over all rows draft k tokens; row b samples only its
+    first max_ks[b] of them, from its own warp and generator, so it draws exactly
+    the random numbers the single-sequence proposer would.
+    """
+
+    def __init__(self, runner: NativeRunner) -> None:
+        self.runner = runner
+        slots = runner.batch_size
+        self._proposal_start = [0] * slots  # context length when the last proposal was made
+        self._fed_drafts = [0] * slots  # drafts of that proposal that sit in the cache
+
+    def start_row(self, row: int, prompt_ids: list[int]) -> None:
+        """Prefill the row with the prompt but its last token (which the first propose feeds)."""
+        rows = slice(row, row + 1)
+        self.runner.truncate([0], rows=rows)
+        if len(prompt_ids) > 1:
+            ids = torch.tensor([prompt_ids[:-1]], dtype=torch.int64, device=self.runner.device)
+            positions = torch.arange(ids.shape[1], device=self.runner.device)[None]
+            self.runner.forward(ids, positions, rows=rows, last_n_logits=1)
+        self._proposal_start[row] = self._fed_drafts[row] = 0
+
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
+        device, batch = self.runner.device, len(contexts)
+        rows = slice(0, batch)
+        lengths = [ctx.token_ids.shape[1] for ctx in contexts]
+        room = min(self.runner.max_context - length for length in lengths)  # every row writes k positions
+        max_ks = [max(0, min(max_k, room)) for max_k in max_ks]
+        k = max(max_ks, default=0)
+        if k < 1:
+            return DraftProposal.empty(batch, device)
+
+        # 1. Catch up: each row feeds the committed tokens it has not seen, padded on the right.
+        cached = [min(seen, length - 1) for seen, length in zip(self.runner.row_lengths(rows), lengths)]
+        self.runner.truncate(cached, rows=rows)  # a no-op by the cache convention; guards it
+        missing = [length - seen for length, seen in zip(lengths, cached)]  # >= 1
+        width = max(missing)
+        inputs = torch.zeros(batch, width, dtype=torch.int64)
+        for row, ctx in enumerate(contexts):
+            inputs[row, :missing[row]] = ctx.token_ids[0, cached[row]:].cpu()
+        positions = torch.tensor(cached)[:, None] + torch.arange(width)[None]
+        logits = self.runner.forward(inputs.to(device), positions.to(device), rows=rows).logits  # [B, width, V]
+        logits = logits[torch.arange(batch), torch.tensor(missing) - 1]  # [B, V] at each row's last real token
+        self.runner.truncate(lengths, rows=rows)
+
+        # 2. Draft k tokens per row, each row from its own warp and generator.
+        draft_ids = torch.zeros(batch, k, dtype=torch.int64, device=device)
+        sampled = any(not ctx.params.greedy for ctx in contexts)
+        draft_probs = torch.zeros(batch, k, contexts[0].vocab_size, device=device) if sampled else None
+        for i in range(k):
+            logits = match_vocab(logits, contexts[0].vocab_size)  # [B, V]
+            for row, ctx in enumerate(contexts):
+                if i >= max_ks[row]:
+                    continue  # padding: fed but never sampled, so the row's generator is untouched
+                if ctx.params.greedy:
+                    draft_ids[row, i] = logits[row].argmax()
+                else:
+                    probs = warp_logits(logits[row:row + 1], ctx.params)  # [1, V]
+                    draft_ids[row, i] = sample_from_probs(probs, ctx.generator)[0]
+                    draft_probs[row, i] = probs[0]
+            if i + 1 < k:
+                step_positions = torch.tensor(lengths, device=device)[:, None] + i
+                logits = self.runner.forward(draft_ids[:, i:i + 1], step_positions, rows=rows).logits[:, -1]
+
+        self._proposal_start[:batch] = lengths
+        self._fed_drafts[:batch] = [k - 1] * batch
+        num_tokens = torch.tensor(max_ks, dtype=torch.int64, device=device)
+        token_ids = torch.where(torch.arange(k, device=device)[None] < num_tokens[:, None], draft_ids, -1)
+        return DraftProposal(token_ids=token_ids, num_tokens=num_tokens, probs=draft_probs)
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        # Keep each row's context plus the accepted drafts that were fed; drop the rest.
+        accepted = num_accepted.reshape(-1).tolist()
+        keep = [start + min(a, fed) for start, a, fed in zip(self._proposal_start, accepted, self._fed_drafts)]
+        self.runner.truncate(keep, rows=slice(0, len(keep)))
+
+    def move_row(self, source: int, destination: int) -> None:
+        self.runner.move_row(source, destination)
+        self._proposal_start[destination] = self._proposal_start[source]
+        self._fed_drafts[destination] = self._fed_drafts[source]

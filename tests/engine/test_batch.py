@@ -1,0 +1,164 @@
+"""The batched engine: each request's output is what it would be alone, and sampling stays lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_model, make_native
+from specdec.analysis.lossless import homogeneity_test
+from specdec.engine import SpecEngine
+from specdec.engine.batch import BatchEngine
+from specdec.models.kv_cache import StaticKVCache
+from specdec.proposers import DraftModelProposer, NgramProposer
+from specdec.proposers.registry import build_batch_proposer
+from specdec.sampling import SamplingParams
+
+PROMPTS = ["the quick brown fox", "a", "hello hello hello hello", "abc abc abc, abc abc", "why? because.",
+           "one two three four five six seven"]
+SLOTS = 3
+
+
+@pytest.fixture(scope="module")
+def models():
+    return make_model(seed=0, random_bias=True), make_model(seed=1, layers=1, random_bias=True)
+
+
+def _single(models, tokenizer, method, k=3):
+    target, draft = make_native(models[0]), make_native(models[1])
+    proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer()}[method]
+    return SpecEngine(target, proposer, tokenizer, k=k)
+
+
+def _batched(models, tokenizer, method, k=3, slots=SLOTS):
+    target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
+    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft)
+    return BatchEngine(target, proposer, tokenizer, k=k)
+
+
+def run_all(engine: BatchEngine, requests: dict) -> dict:
+    """Admit requests whenever a row is free (continuous batching); collect tokens and finish reasons."""
+    waiting, out = list(requests.items()), {handle: [] for handle in requests}
+    reasons, widest = {}, 0
+    while waiting or engine.running:
+        while waiting and engine.free_slots:
+            engine.add(*waiting.pop(0))
+        widest = max(widest, engine.running)
+        for update in engine.step():
+            out[update.handle] += update.token_ids
+            if update.finish_reason:
+                reasons[update.handle] = update.finish_reason
+    assert widest == min(engine.slots, len(requests))  # requests really ran side by side
+    return {handle: (out[handle], reasons[handle]) for handle in requests}
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram"])
+def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
+    single = _single(models, tokenizer, method)
+    batched = _batched(models, tokenizer, method)
+    lengths = [30, 7, 25, 40, 12, 33]  # requests finish at different steps, rows get packed
+    params = SamplingParams(temperature=0)
+    requests = {i: batched.make_request(p, params, max_new_tokens=n) for i, (p, n) in enumerate(zip(PROMPTS, lengths))}
+    got = run_all(batched, requests)
+    for i, (prompt, n) in enumerate(zip(PROMPTS, lengths)):
+        alone = single.generate(prompt, params, max_new_tokens=n)
+        assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_batched_seeded_sampling_equals_each_request_alone(models, tokenizer, method):
+    """Each row draws from its own generator exactly what it would draw alone, mixed params in one batch."""
+    single = _single(models, tokenizer, method)
+    batched = _batched(models, tokenizer, method)
+    params = [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0), SamplingParams(0.7, top_k=5,
+              seed=2), SamplingParams(1.3, top_p=0.8, seed=3), SamplingParams(0.9, seed=4)]
+    requests = {i: batched.make_request(PROMPTS[i], p, max_new_tokens=24) for i, p in enumerate(params)}
+    got = run_all(batched, requests)
+    for i, p in enumerate(params):
+        alone = single.generate(PROMPTS[i], p, max_new_tokens=24)
+        assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
+
+
+def test_batched_sampling_is_lossless(models, tokenizer):
+    """First two tokens of 300 seeded requests, batched draft speculation vs batched plain decoding."""
+    outcomes = {}
+    for method in ("draft", "autoregressive"):
+        engine = _batched(models, tokenizer, method, k=3, slots=6)
+        params = [SamplingParams(temperature=1.0, seed=1000 + i) for i in range(300)]
+        requests = {i: engine.make_request("the cat", p, max_new_tokens=2, ignore_eos=True)
+                    for i, p in enumerate(params)}
+        outcomes[method] = [tuple(tokens) for tokens, _ in run_all(engine, requests).values()]
+    result = homogeneity_test(outcomes["draft"], outcomes["autoregressive"])
+    assert result.p_value > 1e-3, result
+
+
+def test_stop_strings_and_ignore_eos(tokenizer):
+    engine = _batched((make_model(seed=0), make_model(seed=1, layers=1)), tokenizer, "draft")  # they write text
+    params = SamplingParams(temperature=0)
+    free = engine.make_request(PROMPTS[0], params, max_new_tokens=40, ignore_eos=True)
+    tokens, reason = run_all(engine, {0: free})[0]
+    assert reason == "length" and len(tokens) == 40
+    text = tokenizer.decode(tokens)
+    stop = text[15:17]
+    cut = engine.make_request(PROMPTS[0], params, max_new_tokens=40, stop=[stop], ignore_eos=True)
+    engine.add("cut", cut)
+    while engine.running:
+        engine.step()
+    assert cut.finish_reason == "stop" and cut.text == text[: text.index(stop)]
+    eos = engine.make_request(PROMPTS[0], params, max_new_tokens=40, stop=[stop])
+    assert eos.eos_token_ids == engine.eos_token_ids and not free.eos_token_ids
+
+
+def test_remove_frees_the_row_and_others_go_on(models, tokenizer):
+    engine = _batched(models, tokenizer, "draft")
+    params = SamplingParams(temperature=0)
+    alone = _single(models, tokenizer, "draft").generate(PROMPTS[2], params, max_new_tokens=30)
+    for handle, prompt in enumerate(PROMPTS[:3]):
+        engine.add(handle, engine.make_request(prompt, params, max_new_tokens=30))
+    tokens = [t for u in engine.step() if u.handle == 2 for t in u.token_ids]
+    assert engine.remove(0) and not engine.remove(0)
+    assert engine.free_slots == 1 and engine.handles() == [2, 1]  # the last row moved into row 0
+    while 2 in engine.handles():
+        tokens += [t for u in engine.step() if u.handle == 2 for t in u.token_ids]
+    assert tokens == alone.token_ids  # the moved row's caches came along intact
+
+
+def test_context_limit_finishes_with_length(tokenizer):
+    model = make_model(seed=0)
+    engine = BatchEngine(make_native(model, batch_size=2, max_context=40), None, tokenizer, k=2)
+    request = engine.make_request("x" * 30, SamplingParams(temperature=0), max_new_tokens=100, ignore_eos=True)
+    engine.add(0, request)
+    while engine.running:
+        engine.step()
+    assert request.finish_reason == "length" and len(request.prompt_ids) + len(request.generated) == 40
+    with pytest.raises(ValueError, match="context window"):
+        engine.make_request("x" * 45, max_new_tokens=4)
+
+
+def test_bad_arguments_are_clear_errors(models, tokenizer):
+    with pytest.raises(ValueError, match="k"):
+        BatchEngine(make_native(models[0], batch_size=2), None, tokenizer, k=0)
+    engine = _batched(models, tokenizer, "autoregressive", slots=1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.make_request("hi", max_new_tokens=0)
+    with pytest.raises(ValueError, match="empty"):
+        engine.make_request("", max_new_tokens=3)
+    engine.add(0, engine.make_request("hi", max_new_tokens=3))
+    with pytest.raises(RuntimeError, match="no free row"):
+        engine.add(1, engine.make_request("hi", max_new_tokens=3))
+    with pytest.raises(ValueError, match="not available with batching"):
+        build_batch_proposer("ngram+draft", slots=2)
+
+
+def test_cache_rows_write_only_their_rows():
+    cache = StaticKVCache(num_layers=1, batch_size=3, num_kv_heads=1, head_dim=2, max_capacity=8,
+                          dtype=torch.float32, device=torch.device("cpu"), initial_capacity=4)
+    block = cache.rows(1, 3)
+    block.write(0, torch.ones(2, 1, 2, 2), torch.ones(2, 1, 2, 2))
+    block.advance(2)
+    assert cache.seq_lens == [0, 2, 2]
+    assert cache.keys[0, 0].abs().sum() == 0 and cache.keys[0, 1:, :, :2].eq(1).all()
+    cache.move_row(2, 0)
+    assert cache.seq_lens == [2, 2, 2] and cache.keys[0, 0, :, :2].eq(1).all()
+    with pytest.raises(ValueError, match="outside"):
+        cache.rows(2, 4)
