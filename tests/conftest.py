@@ -15,6 +15,8 @@ from specdec.models.native import DecoderConfig, NativeDecoder, NativeRunner
 CHARS = string.ascii_lowercase + " .,!?\n"
 EOS = "<eos>"
 VOCAB_SIZE = 64  # logits width; the tokenizer uses the first len(CHARS) + 2 ids
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
 
 # Tiny models run fastest on one thread: thread hand-offs cost more than their matmuls.
 torch.set_num_threads(1)

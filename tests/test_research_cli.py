@@ -4,12 +4,9 @@ import json
 
 import pytest
 
-from conftest import make_model, make_tokenizer
+from conftest import CHAT_TEMPLATE, make_model, make_tokenizer
 from specdec.bench.harness import read_results
 from specdec.cli import main
-
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 @pytest.fixture(scope="module")

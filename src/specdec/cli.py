@@ -1,4 +1,4 @@
-"""specdec command line: generate | demo | bench | analyze | verify | models.
+"""specdec command line: generate | demo | serve | bench | analyze | verify | models.
 
 Every subcommand's --help teaches by example; bad input exits with a one-line
 error (status 2), never a traceback.
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with `specdec demo`, then `specdec generate --help`.",
     )
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{generate,demo,bench,analyze,verify,models}")
+                                metavar="{generate,demo,serve,bench,analyze,verify,models}")
 
     gen = sub.add_parser("generate", help="generate text for one prompt", epilog=EPILOG_GENERATE,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
 
     from specdec.research_cli import add_research_commands
+    from specdec.serve_cli import add_serve_command
+
+    add_serve_command(sub, _add_model_args, _add_method_args, _positive_int)
 
     add_research_commands(sub, _add_model_args, _add_method_args, _add_ngram_args, _positive_int)
 
@@ -245,6 +248,12 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from specdec.serve_cli import cmd_serve as run
+
+    return run(args, _load_models)
+
+
 def cmd_bench(args) -> int:
     from specdec.research_cli import cmd_bench as run
 
@@ -263,8 +272,8 @@ def cmd_verify(args) -> int:
     return run(args, _load_verify_engines)
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "analyze": cmd_analyze,
-            "verify": cmd_verify, "models": cmd_models}
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "serve": cmd_serve, "bench": cmd_bench,
+            "analyze": cmd_analyze, "verify": cmd_verify, "models": cmd_models}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,9 @@ class RowUpdate:
     token_ids: list[int]  # committed this step
     text: str  # new text that is safe to show (held back: partial UTF-8, a possible stop string)
     finish_reason: str | None  # "eos" | "stop" | "length" on the request's last update
-    stats: RequestStats
+    stats: RequestStats  # the request's running totals
+    drafted: int = 0  # this step's drafts for the request
+    accepted: int = 0  # of which accepted
 
 
 @dataclass
@@ -93,7 +95,8 @@ class BatchEngine:
                      ignore_eos: bool = False) -> Request:
         """Validate and encode; raises ValueError for bad input, before anything runs."""
         stop = check_generation_options(max_new_tokens, stop)
-        return Request(prompt_ids=encode_prompt(self.tokenizer, prompt, self.max_context, chat),
+        ids = encode_prompt(self.tokenizer, prompt, self.max_context, chat, self.target.vocab_size)
+        return Request(prompt_ids=ids,
                        params=params or SamplingParams(), max_new_tokens=max_new_tokens,
                        eos_token_ids=frozenset() if ignore_eos else self.eos_token_ids, stop=stop,
                        tokenizer=self.tokenizer)
@@ -202,7 +205,8 @@ class BatchEngine:
             if not row.request.finished and len(row.tokens) >= self.max_context:
                 row.request.finish("length")
             text = row.request.text_delta() if self.tokenizer is not None else ""
-            updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats))
+            updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats,
+                                     num_draft[b], num_accepted[b]))
             if row.request.finished:
                 finished.append(b)
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed

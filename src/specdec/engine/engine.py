@@ -93,7 +93,7 @@ class SpecEngine:
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Prompt text (optionally wrapped in the chat template) or ids -> ids, validated."""
-        return encode_prompt(self.tokenizer, prompt, self.target.max_context, chat)
+        return encode_prompt(self.tokenizer, prompt, self.target.max_context, chat, self.target.vocab_size)
 
     # ---- API --------------------------------------------------------------------------------
 

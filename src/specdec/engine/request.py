@@ -19,8 +19,10 @@ def chat_template_ids(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in transformers 5
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int], max_context: int, chat: bool = False) -> list[int]:
-    """Prompt text (optionally wrapped in the chat template) or ids -> ids, validated against the context."""
+def encode_prompt(tokenizer, prompt: str | Sequence[int], max_context: int, chat: bool = False,
+                  vocab_size: int | None = None) -> list[int]:
+    """Prompt text (optionally wrapped in the chat template) or ids -> ids, validated against the
+    context (and, for ids, against the vocabulary: an id past the embedding would crash the forward)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
@@ -32,6 +34,9 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int], max_context: int, chat
             ids = tokenizer(prompt)["input_ids"]
     else:
         ids = [int(t) for t in prompt]
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in ids):
+            bad = next(t for t in ids if not 0 <= t < vocab_size)
+            raise ValueError(f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
     if not ids:
         raise ValueError("the prompt is empty")
     if len(ids) >= max_context:

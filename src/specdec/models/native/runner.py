@@ -44,10 +44,12 @@ class NativeRunner:
         """Cached tokens of each row (of rows, a contiguous block; default all)."""
         return self.cache.seq_lens[rows or slice(None)]
 
-    def with_batch_size(self, batch_size: int, initial_cache_len: int = 512) -> NativeRunner:
+    def with_batch_size(self, batch_size: int, *, max_context: int | None = None,
+                        initial_cache_len: int = 512) -> NativeRunner:
         """A runner over the same weights with its own cache of batch_size rows (a server's slots)."""
         return NativeRunner(self.decoder, batch_size=batch_size, head_rows=self.head_rows,
-                            max_context=self.max_context, initial_cache_len=initial_cache_len)
+                            max_context=min(max_context or self.max_context, self.max_context),
+                            initial_cache_len=initial_cache_len)
 
     @torch.inference_mode()
     def forward(

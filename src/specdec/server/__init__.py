@@ -1,0 +1,54 @@
+"""OpenAI-compatible HTTP API over the batched engine; no decoding logic of its own.
+
+    app = build_server(target_runner, tokenizer, name="qwen2.5-coder-1.5b", method="draft", k=4,
+                       draft_runner=draft_runner, slots=8)
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI
+
+from specdec.engine.batch import BatchEngine
+from specdec.models.loader import eos_ids_of
+from specdec.proposers.registry import build_batch_proposer, check_batched_method
+from specdec.server.app import ServedModel, create_app
+from specdec.server.metrics import ServerMetrics
+from specdec.server.scheduler import Scheduler
+
+__all__ = ["build_server"]
+
+
+def build_server(target_runner, tokenizer, *, name: str, method: str = "draft", k: int = 4, draft_runner=None,
+                 slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
+                 max_context: int | None = None, default_max_tokens: int = 256, ngram_max: int = 3,
+                 ngram_min: int = 1, ngram_tie_break: str = "recent") -> FastAPI:
+    """The app for one target (a NativeRunner; its weights are shared, its cache is not) and one method.
+
+    slots: requests decoded together (rows of the batch); max_queue: requests that may wait
+    for a row before the server answers 429; max_context: cap on prompt + completion tokens.
+    """
+    check_batched_method(method)
+    for label, value in (("slots", slots), ("k", k), ("default_max_tokens", default_max_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+    if not hasattr(target_runner, "with_batch_size"):
+        raise ValueError("serving needs the native backend (Qwen2 / Llama family): the transformers backend "
+                         "runs one sequence at a time")
+    target = target_runner.with_batch_size(slots, max_context=max_context)
+    draft = None
+    if draft_runner is not None and method == "draft":
+        if not hasattr(draft_runner, "with_batch_size"):
+            raise ValueError("serving with a draft model needs the draft on the native backend too")
+        draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
+    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, ngram_max=ngram_max,
+                                    ngram_min=ngram_min, ngram_tie_break=ngram_tie_break)
+    eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
+    engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos)
+    metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)
+    scheduler = Scheduler(engine, metrics, max_queue=max_queue)
+    served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,
+                         int(time.time()))
+    return create_app(scheduler, served)

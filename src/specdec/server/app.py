@@ -1,0 +1,284 @@
+"""The OpenAI-compatible HTTP API over a Scheduler; no decoding logic of its own.
+
+    POST /v1/completions        text or token-id prompt; stream=true for server-sent events
+    POST /v1/chat/completions   messages through the model's chat template
+    GET  /v1/models             the one served model, with its speculative setup
+    GET  /health                200 while the engine thread runs, else 503
+    GET  /metrics               Prometheus text format (server/metrics.py)
+
+Responses carry the usual `usage` and one extra object, `speculative`, with
+what speculation did for that request (drafted and accepted tokens, mean
+accepted length). Every error, from malformed JSON to a full queue, is an
+OpenAI-style body {"error": {"message", "type", "param", "code"}} with a 4xx/5xx
+status; no input can take the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.engine.batch import RowUpdate
+from specdec.engine.metrics import RequestStats
+from specdec.engine.request import Request, chat_template_ids, encode_prompt
+from specdec.sampling.params import SamplingParams
+from specdec.server.protocol import (ERROR_RESPONSES, APIError, ChatCompletionRequest, CompletionRequest,
+                                     SamplingRequest)
+from specdec.server.scheduler import EngineStopped, Job, JobFailed, QueueFull, Scheduler
+
+DISCONNECT_POLL_S = 0.5  # how often a waiting non-streaming handler checks that its client is still there
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
+GENERATION_RESPONSES = {200: {"description": "the completion; with stream=true, server-sent events of chunks "
+                                           "ending in `data: [DONE]`",
+                            "content": {"application/json": {}, "text/event-stream": {}}}, **ERROR_RESPONSES}
+REJECTION_REASONS = {400: "bad_request", 404: "not_found", 429: "queue_full", 503: "unavailable"}
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # what clients pass as "model"
+    tokenizer: object
+    max_context: int
+    vocab_size: int  # ids a prompt may hold
+    method: str
+    k: int
+    default_max_tokens: int = 256  # chat requests without max_tokens (capped by the context)
+    created: int = 0
+
+
+def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
+    metrics = scheduler.metrics
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.stop)
+
+    app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+
+    # ---- errors: always an OpenAI-style body ----------------------------------------------------
+
+    def error_response(error: APIError) -> JSONResponse:
+        metrics.rejected.labels(REJECTION_REASONS.get(error.status, "error")).inc()
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, error: APIError):
+        return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request, error: RequestValidationError):
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        if first.get("type") == "json_invalid":
+            message = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})"
+        elif not where:
+            message = "the request body must be a JSON object (Content-Type: application/json)"
+        else:
+            message = f"{where or 'body'}: {first['msg']}"
+        return error_response(APIError(400, message, param=where or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, error: StarletteHTTPException):
+        return error_response(APIError(error.status_code, str(error.detail), type="invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, error: Exception):
+        return error_response(APIError(500, f"internal error: {error}", type="server_error"))
+
+    # ---- plain endpoints --------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health():
+        body = {"status": "ok" if scheduler.alive else "unavailable", "running": scheduler.engine.running}
+        return JSONResponse(body, status_code=200 if scheduler.alive else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": served.name, "object": "model", "created": served.created, "owned_by": "specdec",
+            "max_model_len": served.max_context, "speculative": {"method": served.method, "k": served.k},
+        }]}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    # ---- generation -------------------------------------------------------------------------
+
+    @app.post("/v1/completions", responses=GENERATION_RESPONSES)
+    async def completions(body: CompletionRequest, http_request: HTTPRequest):
+        prompt = body.prompt_input
+        ids = _encode(lambda: _checked(prompt), "prompt")
+        job = _submit(body, ids, "completions", default_max_tokens=16)  # OpenAI's default for completions
+        response_id = f"cmpl-{uuid.uuid4().hex}"
+
+        def chunk(text: str, finish: str | None) -> dict:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"id": response_id, "object": "text_completion", "created": int(time.time()),
+                    "model": served.name, "choices": [choice]}
+
+        if body.stream:
+            return _event_stream(job, body, chunk, first=None)
+        final = await _final_update(job, http_request)
+        response = chunk(job.request.text, FINISH_REASONS[final.finish_reason])
+        return {**response, **_usage_fields(job.request, final.stats)}
+
+    @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest, http_request: HTTPRequest):
+        if not getattr(served.tokenizer, "chat_template", None):
+            raise APIError(400, f"{served.name} has no chat template; use /v1/completions", param="messages")
+        messages = [message.as_template_message() for message in body.messages]
+        ids = _encode(lambda: _checked(chat_template_ids(served.tokenizer, messages)), "messages")
+        if body.max_completion_tokens is not None:
+            body = body.model_copy(update={"max_tokens": body.max_completion_tokens})
+        job = _submit(body, ids, "chat", default_max_tokens=served.default_max_tokens)
+        response_id = f"chatcmpl-{uuid.uuid4().hex}"
+
+        def chunk(text: str | None, finish: str | None) -> dict:
+            delta = {} if text is None else {"content": text}
+            return {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                    "model": served.name, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        if body.stream:
+            return _event_stream(job, body, chunk, first={"role": "assistant", "content": ""})
+        final = await _final_update(job, http_request)
+        choice = {"index": 0, "message": {"role": "assistant", "content": job.request.text},
+                  "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": None}
+        return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": served.name,
+                "choices": [choice], **_usage_fields(job.request, final.stats)}
+
+    # ---- helpers (closures over scheduler and served) ---------------------------------------
+
+    def _checked(prompt: str | list[int]) -> list[int]:
+        return encode_prompt(served.tokenizer, prompt, served.max_context, vocab_size=served.vocab_size)
+
+    def _encode(encode, param: str) -> list[int]:
+        try:
+            return encode()
+        except ValueError as error:
+            code = "context_length_exceeded" if "context" in str(error) else None
+            raise APIError(400, str(error), param=param, code=code) from None
+        except Exception as error:  # noqa: BLE001 - e.g. a chat template that rejects the messages
+            raise APIError(400, f"could not encode the {param}: {error}", param=param) from None
+
+    def _submit(body: SamplingRequest, ids: list[int], endpoint: str, default_max_tokens: int) -> Job:
+        if body.model != served.name:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {served.name!r}",
+                           param="model", code="model_not_found")
+        unsupported = body.unsupported()
+        if unsupported:
+            raise APIError(400, f"not supported by specdec: {', '.join(unsupported)}", code="unsupported")
+        room = served.max_context - len(ids)
+        max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max_tokens, room)
+        if max_tokens > room:
+            raise APIError(400, f"this model's context is {served.max_context} tokens; the prompt has {len(ids)} "
+                                f"and max_tokens asks for {max_tokens} more", param="max_tokens",
+                           code="context_length_exceeded")
+        try:
+            params = SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
+                                    min_p=body.min_p, seed=body.seed)
+            request = scheduler.engine.make_request(ids, params, max_new_tokens=max_tokens,
+                                                    stop=body.stop_strings, ignore_eos=body.ignore_eos)
+        except ValueError as error:
+            raise APIError(400, str(error)) from None
+        try:
+            return scheduler.submit(request, endpoint)
+        except QueueFull as error:
+            raise APIError(429, f"the server is at capacity ({error}); retry shortly", type="rate_limit_error",
+                           code="queue_full", headers={"Retry-After": "1"}) from None
+        except EngineStopped as error:
+            raise APIError(503, str(error), type="server_error", code="unavailable") from None
+
+    async def _updates(job: Job, http_request: HTTPRequest | None) -> AsyncIterator[RowUpdate]:
+        """The job's updates until it finishes; polls for a vanished client when given its request."""
+        checked = time.monotonic()
+        while True:
+            try:
+                event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                event = None
+            # Updates may arrive every few ms, so the check goes by the clock, not by timeouts.
+            if http_request is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+                checked = time.monotonic()
+                if await http_request.is_disconnected():
+                    scheduler.cancel(job)
+                    raise asyncio.CancelledError
+            if event is None:
+                continue
+            if isinstance(event, JobFailed):
+                raise APIError(event.status, event.message, type="server_error")
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    async def _final_update(job: Job, http_request: HTTPRequest) -> RowUpdate:
+        try:
+            async for update in _updates(job, http_request):
+                if update.finish_reason is not None:
+                    return update
+        finally:
+            scheduler.cancel(job)  # a no-op once finished; frees the row if the handler was cancelled
+        raise APIError(500, "generation ended without a result", type="server_error")
+
+    def _event_stream(job: Job, body: SamplingRequest, chunk, first: dict | None) -> StreamingResponse:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                if first is not None:  # chat: the role comes first
+                    opening = chunk(None, None)
+                    opening["choices"][0]["delta"] = first
+                    yield _sse(opening)
+                # Starlette cancels this generator when the client disconnects (ASGI 2.3).
+                async for update in _updates(job, None):
+                    if update.text:
+                        yield _sse(chunk(update.text, None))
+                    if update.finish_reason is None:
+                        continue
+                    usage = _usage_fields(job.request, update.stats)
+                    closing = chunk(None if first is not None else "", FINISH_REASONS[update.finish_reason])
+                    closing["speculative"] = usage["speculative"]
+                    yield _sse(closing)
+                    if include_usage:
+                        yield _sse({**chunk("", None), "choices": [], **usage})
+            except APIError as error:
+                yield _sse(error.body())
+            finally:
+                scheduler.cancel(job)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _usage_fields(request: Request, stats: RequestStats) -> dict:
+        prompt, completion = len(request.prompt_ids), len(request.generated)
+        return {
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "speculative": {
+                "method": served.method, "k": served.k,
+                "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
+                "acceptance_rate": round(stats.acceptance_rate, 4),
+                "mean_accepted_length": round(stats.mean_accepted_length, 4),
+                "target_forwards": stats.target_forwards,
+                "acceptance_per_position": [round(rate, 4) for rate in stats.acceptance_per_position],
+                "prefill_s": round(stats.prefill_time_s, 4), "decode_s": round(stats.decode_time_s, 4),
+            },
+        }
+
+    return app
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

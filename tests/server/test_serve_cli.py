@@ -1,0 +1,72 @@
+"""`specdec serve` as a user runs it: a subprocess on a free port, over tiny models saved as HF directories."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import make_model
+from live_server import chat_tokenizer
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-models")
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        make_model(seed=seed, layers=layers).save_pretrained(root / name)
+        chat_tokenizer().save_pretrained(root / name)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
+    port = free_port()
+    command = [sys.executable, "-m", "specdec.cli", "serve", "--target", str(model_dirs / "target"),
+               "--draft", str(model_dirs / "draft"), "-k", "2", "--port", str(port), "--max-batch", "2",
+               "--served-model-name", "tiny", "--log-level", "warning"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                               max_tokens=12, temperature=0)
+        assert reply.usage.completion_tokens >= 1 and reply.model_extra["speculative"]["k"] == 2
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert "serving 'tiny' (draft, k=2, 2 rows" in stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--method", "ngram+draft"], "not available with batching"),
+    (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["--port", "70000"], "--port must be in 0..65535"),
+])
+def test_bad_serve_options_are_one_line_before_any_model_loads(capsys, argv, message):
+    assert main(["serve", "--target", "/nonexistent", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

@@ -1,0 +1,294 @@
+"""The OpenAI-compatible server, run for real under uvicorn on localhost, with real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import make_model, make_native
+from live_server import MODEL_NAME, chat_tokenizer, serve, tiny_app
+from specdec.engine import SpecEngine
+from specdec.engine.request import chat_template_ids
+from specdec.sampling import SamplingParams
+
+LONG = {"max_tokens": 3000, "ignore_eos": True, "temperature": 0}  # ~10 s of tiny-model decoding
+
+
+@pytest.fixture(scope="module")
+def url():
+    with serve(tiny_app(method="draft", k=3, slots=4, max_queue=8)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Plain greedy decoding of the same target, one request at a time."""
+    return SpecEngine(make_native(make_model(seed=0)), None, chat_tokenizer())
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every sample of /metrics as {'name{label="v"}': value}."""
+    values = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+# ---- the API with the official client ------------------------------------------------------------
+
+
+def test_completion_is_the_targets_greedy_output_with_speculative_stats(client, reference):
+    prompt = "the quick brown fox"
+    response = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, temperature=0)
+    expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40)
+    choice = response.choices[0]
+    assert choice.text == expected.text
+    assert choice.finish_reason == {"eos": "stop", "stop": "stop", "length": "length"}[expected.finish_reason]
+    assert response.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert response.usage.completion_tokens == len(expected.token_ids)
+    spec = response.model_extra["speculative"]
+    assert spec["method"] == "draft" and spec["k"] == 3
+    assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"] <= 3 * spec["target_forwards"]
+    # Each forward emits its accepted drafts plus one token (unless EOS cut the last step).
+    assert spec["target_forwards"] + spec["accepted_tokens"] >= response.usage.completion_tokens
+    assert spec["mean_accepted_length"] == pytest.approx(
+        response.usage.completion_tokens / spec["target_forwards"], abs=1e-3)
+
+
+def test_token_id_prompts_and_default_max_tokens(client, reference):
+    ids = chat_tokenizer()("hello world")["input_ids"]
+    response = client.completions.create(model=MODEL_NAME, prompt=ids, temperature=0, extra_body={"ignore_eos": True})
+    assert response.usage.prompt_tokens == len(ids) and response.usage.completion_tokens == 16  # OpenAI's default
+    expected = reference.generate(ids, SamplingParams(temperature=0), max_new_tokens=16)
+    assert response.choices[0].text == expected.text
+
+
+def test_chat_applies_the_template(client, reference):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    response = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=30, temperature=0)
+    ids = chat_template_ids(chat_tokenizer(), messages)
+    expected = reference.generate(ids, SamplingParams(temperature=0), max_new_tokens=30)
+    assert response.choices[0].message.content == expected.text
+    assert response.choices[0].message.role == "assistant"
+    assert response.usage.prompt_tokens == len(ids)
+    assert response.model_extra["speculative"]["target_forwards"] >= 1
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streaming_yields_the_same_text_then_usage(client, endpoint):
+    common = dict(model=MODEL_NAME, max_tokens=40, temperature=0.8, seed=7)
+    if endpoint == "chat":
+        messages = [{"role": "user", "content": "tell me a story"}]
+        whole = client.chat.completions.create(messages=messages, **common).choices[0].message.content
+        chunks = list(client.chat.completions.create(messages=messages, stream=True,
+                                                     stream_options={"include_usage": True}, **common))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        whole = client.completions.create(prompt="once upon a time", **common).choices[0].text
+        chunks = list(client.completions.create(prompt="once upon a time", stream=True,
+                                                stream_options={"include_usage": True}, **common))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole  # seeded sampling: the same draws streamed or not
+    assert len([c for c in chunks if c.choices]) > 3  # it really streamed
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].model_extra["speculative"]["drafted_tokens"] > 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+
+
+def test_stop_strings_cut_the_text(client):
+    free = client.completions.create(model=MODEL_NAME, prompt="the quick brown fox", max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = free[12:14]
+    cut = client.completions.create(model=MODEL_NAME, prompt="the quick brown fox", max_tokens=40, temperature=0,
+                                    stop=[stop, "never appears"], extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == free[: free.index(stop)]
+    streamed = client.completions.create(model=MODEL_NAME, prompt="the quick brown fox", max_tokens=40,
+                                         temperature=0, stop=stop, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed) == cut.text  # never streams past the stop string
+
+
+def test_models_and_health(client, url):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL_NAME]
+    assert models[0].model_extra["speculative"] == {"method": "draft", "k": 3}
+    health = httpx.get(f"{url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+# ---- concurrency ----------------------------------------------------------------------------------
+
+
+def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(url, reference):
+    prompts = ["the quick brown fox", "hello", "why? because.", "a b c d e f", "one two three", "x", "zebra",
+               "tide tables"]
+    before = metrics(url)
+
+    async def ask(http: httpx.AsyncClient, prompt: str) -> dict:
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 48, "temperature": 0}
+        response = await http.post(f"{url}/v1/completions", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    async def ask_all():
+        async with httpx.AsyncClient(timeout=60) as http:
+            return await asyncio.gather(*(ask(http, p) for p in prompts))
+
+    answers = asyncio.run(ask_all())
+    for prompt, answer in zip(prompts, answers):
+        expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=48)
+        assert answer["choices"][0]["text"] == expected.text, prompt
+    after = metrics(url)
+    steps = after["specdec_engine_step_rows_count"] - before.get("specdec_engine_step_rows_count", 0)
+    single_row_steps = (after['specdec_engine_step_rows_bucket{le="1.0"}']
+                        - before.get('specdec_engine_step_rows_bucket{le="1.0"}', 0))
+    assert steps > single_row_steps  # some steps verified several requests in one forward
+    assert after['specdec_engine_step_rows_bucket{le="4.0"}'] == after["specdec_engine_step_rows_count"]  # <= slots
+    generated = after["specdec_generation_tokens_total"] - before["specdec_generation_tokens_total"]
+    assert generated == sum(a["usage"]["completion_tokens"] for a in answers)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_row(url, client):
+    before = metrics(url)
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{url}/v1/completions",
+                         json={"model": MODEL_NAME, "prompt": "hello", "stream": True, **LONG}) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it started generating
+    cancelled = 'specdec_requests_total{endpoint="completions",outcome="cancelled"}'
+    wait_for(lambda: metrics(url).get(cancelled, 0) == before.get(cancelled, 0) + 1)
+    after = metrics(url)
+    assert after["specdec_running_requests"] == 0
+    assert after["specdec_generation_tokens_total"] - before["specdec_generation_tokens_total"] < 2000
+    # ...and the server goes on serving.
+    assert client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=5).usage.completion_tokens >= 1
+
+
+def test_a_waiting_non_streaming_client_that_leaves_is_dropped(url):
+    before = metrics(url)
+    cancelled = 'specdec_requests_total{endpoint="completions",outcome="cancelled"}'
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/completions", json={"model": MODEL_NAME, "prompt": "hello", **LONG}, timeout=1.0)
+    wait_for(lambda: metrics(url).get(cancelled, 0) == before.get(cancelled, 0) + 1)
+    assert metrics(url)["specdec_running_requests"] == 0
+
+
+def test_a_full_queue_answers_429_and_recovers():
+    with serve(tiny_app(slots=1, max_queue=1)) as base, httpx.Client(timeout=30) as http:
+        body = {"model": MODEL_NAME, "prompt": "hello", "stream": True, **LONG}
+        with http.stream("POST", f"{base}/v1/completions", json=body) as running:
+            lines = running.iter_lines()  # kept: a collected iterator closes the response
+            next(lines)
+            with http.stream("POST", f"{base}/v1/completions", json=body) as waiting:
+                wait_for(lambda: metrics(base)["specdec_waiting_requests"] == 1)
+                refused = httpx.post(f"{base}/v1/completions", json={**body, "stream": False})
+                assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+                assert refused.json()["error"]["code"] == "queue_full"
+                assert waiting.status_code == 200
+        wait_for(lambda: metrics(base)["specdec_running_requests"] == 0
+                 and metrics(base)["specdec_waiting_requests"] == 0)
+        assert metrics(base)['specdec_rejected_requests_total{reason="queue_full"}'] == 1
+        ok = http.post(f"{base}/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 3})
+        assert ok.status_code == 200
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+BAD_REQUESTS = [
+    ("completions", b'{"model": "tiny", "prompt": ', 400, "not valid JSON"),
+    ("completions", b'["a list"]', 400, "JSON object"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "max_tokens": -5}, 400, "max_tokens"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2.5}, 400, "max_tokens"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "temperature": -0.1}, 400, "temperature"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "seed": -1}, 400, "seed"),
+    ("completions", {"model": MODEL_NAME, "prompt": ""}, 400, "prompt"),
+    ("completions", {"model": MODEL_NAME}, 400, "prompt"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi " * 3000}, 400, "context"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 5000}, 400, "context"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "n": 2}, 400, "n (only n=1)"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"model": "gpt-4", "prompt": "hi"}, 404, "does not exist"),
+    ("chat/completions", {"model": MODEL_NAME, "messages": []}, 400, "messages"),
+    ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ("chat/completions", {"model": MODEL_NAME, "messages": "hello"}, 400, "messages"),
+    ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+                          "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,status,message", BAD_REQUESTS)
+def test_bad_input_is_an_openai_style_4xx(url, endpoint, body, status, message):
+    if isinstance(body, bytes):
+        response = httpx.post(f"{url}/v1/{endpoint}", content=body, headers={"Content-Type": "application/json"})
+    else:
+        response = httpx.post(f"{url}/v1/{endpoint}", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["type"]
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_the_official_client_raises_its_own_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x " * 3000}])
+
+
+def test_unknown_routes_and_methods_are_json_errors(url):
+    assert httpx.get(f"{url}/v1/nothing").json()["error"]["message"] == "Not Found"
+    assert httpx.get(f"{url}/v1/completions").status_code == 405
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics_report_traffic_latency_and_acceptance(client, url):
+    client.completions.create(model=MODEL_NAME, prompt="the quick brown fox", max_tokens=30, temperature=0)
+    values = metrics(url)
+    for name in ("specdec_time_to_first_token_seconds_count", "specdec_inter_token_latency_seconds_count",
+                 "specdec_request_latency_seconds_count", "specdec_queue_time_seconds_count",
+                 "specdec_engine_step_seconds_count", "specdec_prompt_tokens_total"):
+        assert values[name] > 0, name
+    tokens, forwards = values["specdec_generation_tokens_total"], values["specdec_target_forwards_total"]
+    assert values["specdec_mean_accepted_length"] == pytest.approx(tokens / forwards)
+    assert tokens <= forwards + values["specdec_accepted_tokens_total"]  # EOS / stop strings cut some steps
+    drafted_first = values['specdec_draft_tokens_by_position_total{position="0"}']
+    accepted_first = values['specdec_accepted_tokens_by_position_total{position="0"}']
+    assert values['specdec_acceptance_rate_by_position{position="0"}'] == pytest.approx(accepted_first / drafted_first)
+    assert values['specdec_info{k="3",method="draft",model="tiny"}'] == 1
+    assert values["specdec_slots"] == 4
+
+
+def test_the_openapi_schema_documents_the_error_bodies(url):
+    schema = httpx.get(f"{url}/openapi.json").json()
+    responses = schema["paths"]["/v1/completions"]["post"]["responses"]
+    assert {"200", "400", "404", "429", "503"} <= set(responses)
+    assert json.dumps(schema).count("ErrorBody") >= 4
