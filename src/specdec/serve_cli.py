@@ -40,6 +40,11 @@ def add_serve_command(sub, add_model_args, add_method_args, positive_int) -> Non
                        help="requests decoded together, one KV-cache row each (default: 8)")
     serve.add_argument("--max-queue", type=int, default=64,
                        help="requests that may wait for a free row; past it the answer is 429 (default: 64)")
+    serve.add_argument("--spec-max-batch", default="auto", metavar="N|auto",
+                       help="draft only while at most N requests run; larger batches decode plainly, as vLLM's "
+                            "speculative_disable_by_batch_size does. A batch fills a CPU's cores from a few rows "
+                            "on, and then rejected drafts cost time (benchmarks/RESULTS.md). auto (default): 1 on "
+                            "CPU, no limit on CUDA")
     serve.add_argument("--max-context", type=positive_int, default=None,
                        help="cap on prompt + completion tokens per request (default: the target's context)")
     serve.add_argument("--default-max-tokens", type=positive_int, default=256,
@@ -50,10 +55,20 @@ def add_serve_command(sub, add_model_args, add_method_args, positive_int) -> Non
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
+def spec_max_batch_of(text: str, device_type: str) -> int | None:
+    """'auto' -> 1 on CPU, None (no limit) elsewhere; else a positive integer."""
+    if text == "auto":
+        return 1 if device_type == "cpu" else None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--spec-max-batch must be auto or an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def cmd_serve(args, load_models) -> int:
     from specdec.proposers.registry import check_batched_method, needs_draft_model
 
     check_batched_method(args.method)
+    spec_max_batch_of(args.spec_max_batch, "cpu")  # validate before loading models
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 <= args.port <= 65535:
@@ -64,12 +79,16 @@ def cmd_serve(args, load_models) -> int:
 
     target, draft = load_models(args, needs_draft_model(args.method))
     name = args.served_model_name or args.target
+    spec_max_batch = spec_max_batch_of(args.spec_max_batch, target.runner.device.type)
     app = build_server(target.runner, target.tokenizer, name=name, method=args.method, k=args.k,
                        draft_runner=draft.runner if draft else None, slots=args.max_batch,
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, ngram_max=args.ngram_max,
-                       ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break)
-    print(f"specdec: serving {name!r} ({args.method}, k={args.k}, {args.max_batch} rows, queue {args.max_queue}) "
-          f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+                       ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
+                       spec_max_batch=spec_max_batch)
+    drafting = "" if args.method == "autoregressive" or spec_max_batch is None else \
+        f", drafting while <= {spec_max_batch} run"
+    print(f"specdec: serving {name!r} ({args.method}, k={args.k}, {args.max_batch} rows{drafting}, queue "
+          f"{args.max_queue}) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

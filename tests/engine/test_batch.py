@@ -162,3 +162,34 @@ def test_cache_rows_write_only_their_rows():
     assert cache.seq_lens == [2, 2, 2] and cache.keys[0, 0, :, :2].eq(1).all()
     with pytest.raises(ValueError, match="outside"):
         cache.rows(2, 4)
+
+
+def test_speculation_pauses_above_spec_max_batch_and_resumes_exactly(models, tokenizer):
+    """With 3 rows running and spec_max_batch=1 the steps are plain, and the draft prefills nothing;
+    as rows finish the last one is drafted for again (the draft catches up on its whole context first).
+    The output never changes."""
+    target, draft = make_native(models[0], batch_size=SLOTS), make_native(models[1], batch_size=SLOTS)
+    engine = BatchEngine(target, build_batch_proposer("draft", slots=SLOTS, draft_runner=draft), tokenizer, k=3,
+                         spec_max_batch=1)
+    params = SamplingParams(temperature=0)
+    lengths = [10, 20, 45]
+    for i, n in enumerate(lengths):
+        engine.add(i, engine.make_request(PROMPTS[i], params, max_new_tokens=n))
+    out = {i: [] for i in range(len(lengths))}
+    drafted_while_crowded, drafted_alone = 0, 0
+    while engine.running:
+        crowded = engine.running > 1
+        for update in engine.step():
+            out[update.handle] += update.token_ids
+            if crowded:
+                drafted_while_crowded += update.drafted
+            else:
+                drafted_alone += update.drafted
+        if crowded and engine.running == len(lengths):
+            assert draft.row_lengths() == [0, 0, 0]  # nobody was drafted for: no draft prefill either
+    assert drafted_while_crowded == 0 and drafted_alone > 0
+    single = _single(models, tokenizer, "draft")
+    for i, n in enumerate(lengths):
+        assert out[i] == single.generate(PROMPTS[i], params, max_new_tokens=n).token_ids
+    with pytest.raises(ValueError, match="spec_max_batch"):
+        BatchEngine(target, None, tokenizer, spec_max_batch=0)

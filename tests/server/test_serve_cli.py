@@ -58,13 +58,14 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0
-    assert "serving 'tiny' (draft, k=2, 2 rows" in stderr
+    assert "serving 'tiny' (draft, k=2, 2 rows, drafting while <= 1 run" in stderr  # auto on CPU
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--method", "ngram+draft"], "not available with batching"),
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--port", "70000"], "--port must be in 0..65535"),
+    (["--spec-max-batch", "0"], "--spec-max-batch must be auto or an integer >= 1"),
 ])
 def test_bad_serve_options_are_one_line_before_any_model_loads(capsys, argv, message):
     assert main(["serve", "--target", "/nonexistent", *argv]) == 2

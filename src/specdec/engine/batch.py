@@ -78,10 +78,17 @@ class BatchEngine:
     """
 
     def __init__(self, target: NativeRunner, proposer: BatchProposer | None = None, tokenizer: object | None = None,
-                 *, k: int = 4, eos_token_ids: frozenset[int] | None = None) -> None:
+                 *, k: int = 4, eos_token_ids: frozenset[int] | None = None,
+                 spec_max_batch: int | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1, got {k!r}")
+        if spec_max_batch is not None and (isinstance(spec_max_batch, bool) or not isinstance(spec_max_batch, int)
+                                           or spec_max_batch < 1):
+            raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
         self.target, self.proposer, self.tokenizer, self.k = target, proposer, tokenizer, k
+        # Past this many running requests, steps draft nothing (vLLM's speculative_disable_by_batch_size):
+        # a big batch already fills the hardware, and rejected drafts would only cost compute.
+        self.spec_max_batch = spec_max_batch
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
         self.slots = target.batch_size
         self.max_context = target.max_context
@@ -160,6 +167,8 @@ class BatchEngine:
         # Every row writes k+1 positions, so the fullest row bounds k for all.
         room = min(self.max_context - length for length in lengths)
         max_ks = [max(0, min(self.k, row.request.remaining - 1, room - 1)) for row in rows]
+        if self.spec_max_batch is not None and batch > self.spec_max_batch:
+            max_ks = [0] * batch  # plain decoding this step; the draft catches up when speculation resumes
 
         # 1. Propose, each row within its own cap.
         contexts = [ProposeContext(torch.tensor([row.tokens], device=device), row.request.params, row.generator,

@@ -90,9 +90,12 @@ class BatchedDraftModelProposer:
     """DraftModelProposer (Chen et al. 2023, Algorithm 2) for B rows in lockstep.
 
     Each row's draft cache holds its committed tokens except those the target
-    closed the last step with; propose() first feeds those (1 or 2 per row, more
-    after steps another proposer drafted) in one right-padded forward, reads each
-    row's logits at its own last real token and cuts the padding off again. Then
+    closed the last step with; propose() first feeds those (1 or 2 per row) in
+    one right-padded forward, reads each row's logits at its own last real token
+    and cuts the padding off again. A row further behind (a new request, or one
+    that ran while speculation was paused) is first brought to one token behind
+    by a forward of its own, so nobody pays for its padding: the draft prefills
+    a prompt only when it is first asked to draft for it. Then
     k single-token forwards over all rows draft k tokens; row b samples only its
     first max_ks[b] of them, from its own warp and generator, so it draws exactly
     the random numbers the single-sequence proposer would.
@@ -105,13 +108,8 @@ class BatchedDraftModelProposer:
         self._fed_drafts = [0] * slots  # drafts of that proposal that sit in the cache
 
     def start_row(self, row: int, prompt_ids: list[int]) -> None:
-        """Prefill the row with the prompt but its last token (which the first propose feeds)."""
-        rows = slice(row, row + 1)
-        self.runner.truncate([0], rows=rows)
-        if len(prompt_ids) > 1:
-            ids = torch.tensor([prompt_ids[:-1]], dtype=torch.int64, device=self.runner.device)
-            positions = torch.arange(ids.shape[1], device=self.runner.device)[None]
-            self.runner.forward(ids, positions, rows=rows, last_n_logits=1)
+        """Empty the row; the first propose() prefills it (never, if this request is never drafted for)."""
+        self.runner.truncate([0], rows=slice(row, row + 1))
         self._proposal_start[row] = self._fed_drafts[row] = 0
 
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
@@ -127,7 +125,13 @@ class BatchedDraftModelProposer:
         # 1. Catch up: each row feeds the committed tokens it has not seen, padded on the right.
         cached = [min(seen, length - 1) for seen, length in zip(self.runner.row_lengths(rows), lengths)]
         self.runner.truncate(cached, rows=rows)  # a no-op by the cache convention; guards it
-        missing = [length - seen for length, seen in zip(lengths, cached)]  # >= 1
+        for row, ctx in enumerate(contexts):
+            if lengths[row] - cached[row] > 2:  # far behind: alone up to one token short
+                behind = ctx.token_ids[:, cached[row]:lengths[row] - 1].to(device)
+                self.runner.forward(behind, torch.arange(cached[row], lengths[row] - 1, device=device)[None],
+                                    rows=slice(row, row + 1), last_n_logits=1)
+                cached[row] = lengths[row] - 1
+        missing = [length - seen for length, seen in zip(lengths, cached)]  # 1 or 2
         width = max(missing)
         inputs = torch.zeros(batch, width, dtype=torch.int64)
         for row, ctx in enumerate(contexts):
