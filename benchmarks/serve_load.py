@@ -1,15 +1,16 @@
 """Load test of `specdec serve`: throughput and latency at 1, 4 and 16 concurrent clients,
 speculation on against the same server with speculation off, in one run.
 
-For each server setup (plain decoding; the speculative method always drafting; the same with
---spec-max-batch, default auto) this starts `specdec serve` on a free localhost port (nothing else is contacted),
-warms it up, and for each concurrency level C runs C clients that each send
-their share of the requests one after another (streaming chat completions,
-greedy, the same prompts in the same order for both setups). It records per
-request: time to first token, end-to-end latency, completion tokens; per level:
-wall time and throughput (completion tokens over all clients / wall time).
-Bounded: max(--min-requests, clients) requests per level and a --time-limit per level (requests not
-started by then are skipped and counted).
+For each server setup (plain decoding; the speculative method drafting at
+any batch size; the same with --spec-max-batch, default auto) this starts
+`specdec serve` on a free localhost port (nothing else is contacted), warms it
+up, and for each concurrency level C runs C clients that each send their share
+of the requests one after another (streaming chat completions, greedy, the
+same prompts in the same order for every setup). It records per request: time
+to first token, end-to-end latency, completion tokens; per level: wall time
+and throughput (completion tokens over all clients / wall time). Bounded:
+max(--min-requests, clients) requests per level and a --time-limit per level
+(requests not started by then are skipped and counted).
 
 Greedy decoding is lossless, so both setups generate the same tokens: the
 comparison is pure speed. Writes OUT/serve_load.json, OUT/serve_load.md and
