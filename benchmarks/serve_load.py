@@ -125,19 +125,32 @@ async def run_level(url: str, prompts: list[str], clients: int, max_tokens: int,
     }
 
 
+def median_row(rows: list[dict]) -> dict:
+    """Medians over repeats of every timing; counts and texts from the first repeat."""
+    merged = dict(rows[0])
+    for key in ("wall_s", "throughput_tok_s", "ttft_p50_s", "latency_p50_s", "latency_p90_s",
+                "per_request_tok_s_p50", "mean_accepted_length"):
+        merged[key] = statistics.median(row[key] for row in rows)
+    merged["throughput_by_repeat"] = [row["throughput_tok_s"] for row in rows]
+    return merged
+
+
 def render(levels: dict[str, list[dict]]) -> str:
     """One row per (clients, setup); ratios against plain decoding at the same concurrency."""
     plain = {row["clients"]: row for row in levels["plain"]}
-    lines = ["| clients | setup | requests | throughput tok/s | vs plain | latency p50 | p90 | TTFT p50 | "
-             "per-request tok/s p50 | tau | same text as plain |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| clients | setup | requests | throughput tok/s | vs plain (per repeat) | latency p50 | p90 | "
+             "TTFT p50 | per-request tok/s p50 | tau | same text as plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for clients in plain:
         for label, rows in levels.items():
             row = next(r for r in rows if r["clients"] == clients)
             base = plain[clients]
             same = sum(a == b for a, b in zip(base["texts"], row["texts"]))
+            ratios = [s / b for s, b in zip(row["throughput_by_repeat"], base["throughput_by_repeat"])]
+            spread = "" if len(ratios) < 2 else f" ({', '.join(f'{r:.2f}' for r in ratios)})"
             lines.append(
                 f"| {clients} | {label} | {row['requests']} | {row['throughput_tok_s']:.2f} | "
-                f"{row['throughput_tok_s'] / base['throughput_tok_s']:.2f}x | {row['latency_p50_s']:.1f} s | "
+                f"{statistics.median(ratios):.2f}x{spread} | {row['latency_p50_s']:.1f} s | "
                 f"{row['latency_p90_s']:.1f} s | {row['ttft_p50_s']:.1f} s | {row['per_request_tok_s_p50']:.2f} | "
                 f"{row['mean_accepted_length']:.2f} | {same}/{min(len(base['texts']), len(row['texts']))} |")
     return "\n".join(lines)
@@ -181,6 +194,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=900, help="seconds per level (default: 900)")
     parser.add_argument("--spec-max-batch", default="auto",
                         help="the third setup's --spec-max-batch (default: auto, the server's default)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every setup, in rotating order; medians reported (default: 1)")
     parser.add_argument("--out", default="benchmarks/results/serve")
     args = parser.parse_args()
     levels_clients = [int(c) for c in args.clients.split(",")]
@@ -188,31 +203,40 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    levels: dict[str, list[dict]] = {}
-    for label, options in setups(args):
-        port = free_port()
-        print(f"== {label}: starting the server on 127.0.0.1:{port}", file=sys.stderr, flush=True)
-        server = start_server(args, options, port)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            asyncio.run(run_level(url, prompts[:1], 1, 8, args.time_limit))  # warm-up
-            levels[label] = []
-            for clients in levels_clients:
-                count = max(args.min_requests, clients)
-                level_prompts = (prompts * (count // len(prompts) + 1))[:count]
-                row = asyncio.run(run_level(url, level_prompts, clients, args.max_tokens, args.time_limit))
-                print(f"   {clients:>2} clients: {row['throughput_tok_s']:.2f} tok/s, p50 latency "
-                      f"{row['latency_p50_s']:.1f} s, tau {row['mean_accepted_length']:.2f}", file=sys.stderr,
-                      flush=True)
-                levels[label].append(row)
-        finally:
-            server.terminate()
-            server.wait(60)
+    chosen = setups(args)
+    runs: dict[str, list[list[dict]]] = {label: [] for label, _ in chosen}  # label -> repeat -> levels
+    for repeat in range(args.repeats):
+        # Rotate the order each repeat: this machine's speed drifts, and the baseline must not always go first.
+        for label, options in chosen[repeat % len(chosen):] + chosen[:repeat % len(chosen)]:
+            port = free_port()
+            print(f"== repeat {repeat + 1}/{args.repeats}, {label}: starting the server on 127.0.0.1:{port}",
+                  file=sys.stderr, flush=True)
+            server = start_server(args, options, port)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                asyncio.run(run_level(url, prompts[:1], 1, 8, args.time_limit))  # warm-up
+                rows = []
+                for clients in levels_clients:
+                    count = max(args.min_requests, clients)
+                    level_prompts = (prompts * (count // len(prompts) + 1))[:count]
+                    row = asyncio.run(run_level(url, level_prompts, clients, args.max_tokens, args.time_limit))
+                    print(f"   {clients:>2} clients: {row['throughput_tok_s']:.2f} tok/s, p50 latency "
+                          f"{row['latency_p50_s']:.1f} s, tau {row['mean_accepted_length']:.2f}", file=sys.stderr,
+                          flush=True)
+                    rows.append(row)
+                runs[label].append(rows)
+                (out / "serve_load_partial.json").write_text(json.dumps(runs, indent=1))  # survives a crash
+            finally:
+                server.terminate()
+                server.wait(60)
+    levels = {label: [median_row([repeat[i] for repeat in repeats]) for i in range(len(levels_clients))]
+              for label, repeats in runs.items()}
     table = render(levels)
     print(table)
     settings = {key: getattr(args, key) for key in ("target", "draft", "method", "k", "min_requests", "max_tokens",
-                                                    "max_batch", "spec_max_batch")}
-    (out / "serve_load.json").write_text(json.dumps({"settings": settings, "levels": levels}, indent=1))
+                                                    "max_batch", "spec_max_batch", "repeats")}
+    (out / "serve_load.json").write_text(json.dumps({"settings": settings, "levels": levels, "runs": runs},
+                                                    indent=1))
     (out / "serve_load.md").write_text(f"settings: {json.dumps(settings)}\n\n{table}\n")
     plot(levels, out / "serve_load.png")
 

@@ -213,6 +213,15 @@ def test_a_full_queue_answers_429_and_recovers():
         assert ok.status_code == 200
 
 
+def test_a_stopped_engine_answers_503_and_health_says_so():
+    app = tiny_app(slots=1)
+    with serve(app) as base:
+        app.state.scheduler.stop()
+        assert httpx.get(f"{base}/health").status_code == 503
+        refused = httpx.post(f"{base}/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 3})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 
 BAD_REQUESTS = [

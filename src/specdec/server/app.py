@@ -66,6 +66,7 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
         await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+    app.state.scheduler = scheduler  # for operators and tests: the engine behind the routes
 
     # ---- errors: always an OpenAI-style body ----------------------------------------------------
 
