@@ -163,11 +163,12 @@ def plot(levels: dict[str, list[dict]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for method, rows in levels.items():  # method = the setup's label
-        clients = [r["clients"] for r in rows]
-        left.plot(clients, [r["throughput_tok_s"] for r in rows], marker="o", label=method)
-        right.plot(clients, [r["latency_p50_s"] for r in rows], marker="o", label=f"{method} p50")
-        right.plot(clients, [r["latency_p90_s"] for r in rows], marker="x", linestyle="--", label=f"{method} p90")
+    for index, (setup, rows) in enumerate(levels.items()):
+        clients, color = [r["clients"] for r in rows], f"C{index}"
+        left.plot(clients, [r["throughput_tok_s"] for r in rows], marker="o", color=color, label=setup)
+        right.plot(clients, [r["latency_p50_s"] for r in rows], marker="o", color=color, label=f"{setup} p50")
+        right.plot(clients, [r["latency_p90_s"] for r in rows], marker="x", linestyle="--", color=color,
+                   label=f"{setup} p90")
     for axis, label in ((left, "throughput, tokens/s (all clients)"), (right, "request latency, s")):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrent clients")
@@ -197,7 +198,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of every setup, in rotating order; medians reported (default: 1)")
     parser.add_argument("--out", default="benchmarks/results/serve")
+    parser.add_argument("--report-only", action="store_true", help="redraw OUT's table and plot; start nothing")
     args = parser.parse_args()
+    if args.report_only:
+        saved = json.loads((Path(args.out) / "serve_load.json").read_text())
+        print(render(saved["levels"]))
+        plot(saved["levels"], Path(args.out) / "serve_load.png")
+        return
     levels_clients = [int(c) for c in args.clients.split(",")]
     prompts = [p.turns[0] for p in load_prompts(["humaneval", "mt-bench", "specdec"], per_category=3)]
 
