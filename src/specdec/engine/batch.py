@@ -135,7 +135,7 @@ class BatchEngine:
             self.target.forward(ids, torch.arange(ids.shape[1], device=self.target.device)[None], rows=rows,
                                 last_n_logits=1)
         if self.proposer is not None:
-            self.proposer.start_row(row, request.prompt_ids)
+            self.proposer.start_row(row)
         running.stats.prefill_time_s = time.perf_counter() - started
         running.decode_started = time.perf_counter()
         self._rows.append(running)

@@ -27,7 +27,7 @@ from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
 class BatchProposer(Protocol):
-    def start_row(self, row: int, prompt_ids: list[int]) -> None: ...  # a new request now runs in row
+    def start_row(self, row: int) -> None: ...  # a new request now runs in row
 
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal: ...  # [B, k]
 
@@ -65,7 +65,7 @@ class RowwiseProposer:
         self.rows: list[Proposer] = [make_proposer() for _ in range(slots)]
         self._proposed = [False] * slots  # whose proposal is being verified
 
-    def start_row(self, row: int, prompt_ids: list[int]) -> None:
+    def start_row(self, row: int) -> None:
         self.rows[row].reset()
 
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
@@ -107,7 +107,7 @@ class BatchedDraftModelProposer:
         self._proposal_start = [0] * slots  # context length when the last proposal was made
         self._fed_drafts = [0] * slots  # drafts of that proposal that sit in the cache
 
-    def start_row(self, row: int, prompt_ids: list[int]) -> None:
+    def start_row(self, row: int) -> None:
         """Empty the row; the first propose() prefills it (never, if this request is never drafted for)."""
         self.runner.truncate([0], rows=slice(row, row + 1))
         self._proposal_start[row] = self._fed_drafts[row] = 0
