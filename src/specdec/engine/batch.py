@@ -61,10 +61,9 @@ class _Running:
 
 @dataclass
 class StepInfo:
-    """The last step, for metrics: rows, drafted width, time."""
+    """The last step, for metrics."""
 
     rows: int = 0
-    width: int = 0  # drafts per row in the target's forward (k of [last, *drafts])
     time_s: float = 0.0
 
 
@@ -171,9 +170,9 @@ class BatchEngine:
             max_ks = [0] * batch  # plain decoding this step; the draft catches up when speculation resumes
 
         # 1. Propose, each row within its own cap.
-        contexts = [ProposeContext(torch.tensor([row.tokens], device=device), row.request.params, row.generator,
-                                   self.target.vocab_size) for row in rows]
         if self.proposer is not None and max(max_ks) >= 1:
+            contexts = [ProposeContext(torch.tensor([row.tokens], device=device), row.request.params,
+                                       row.generator, self.target.vocab_size) for row in rows]
             proposal = self.proposer.propose(contexts, max_ks)
         else:
             proposal = DraftProposal.empty(batch, device)
@@ -188,17 +187,17 @@ class BatchEngine:
 
         # 3-4. Verify each row alone: its own width, params and generator.
         num_draft = proposal.num_tokens.tolist()  # host sync: commit code
-        verified: list[list[int]] = []
+        verified: list[list[int]] = []  # accepted drafts and the closing token, per row
+        num_accepted: list[int] = []
         for b, row in enumerate(rows):
             width = num_draft[b]
             probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
             result = verify_step(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
                                  target_logits[b:b + 1, :width + 1], row.request.params, row.generator)
-            accepted = int(result.num_accepted[0])
-            verified.append(result.output_ids[0, :accepted + 1].tolist())
+            num_accepted.append(int(result.num_accepted[0]))
+            verified.append(result.output_ids[0, :num_accepted[-1] + 1].tolist())
 
         # 5. Roll back each row to its committed tokens but the last (which opens the next step).
-        num_accepted = [len(tokens) - 1 for tokens in verified]
         self.target.truncate([length + a for length, a in zip(lengths, num_accepted)], rows=slice(0, batch))
         if self.proposer is not None and k > 0:
             self.proposer.on_verified(torch.tensor(num_accepted))
@@ -220,7 +219,7 @@ class BatchEngine:
                 finished.append(b)
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
             self._free(b)
-        self.last_step = StepInfo(batch, k, time.perf_counter() - started)
+        self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates
 
     def _free(self, row: int) -> None:

@@ -52,8 +52,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # RowUpdate | JobFailed
     cancelled: bool = False  # set by the event loop; read by the engine thread between steps
-    first_token_at: float | None = None
-    last_token_at: float | None = None
+    last_token_at: float | None = None  # None until the first token
 
     def deliver(self, event: RowUpdate | JobFailed) -> None:
         try:
@@ -190,10 +189,9 @@ class Scheduler:
     def _record_latency(self, job: Job, tokens: int, now: float) -> None:
         if not tokens:
             return
-        if job.first_token_at is None:
-            job.first_token_at = now
+        if job.last_token_at is None:
             self.metrics.time_to_first_token.observe(now - job.submitted)
-        elif job.last_token_at is not None:
+        else:
             for _ in range(tokens):
                 self.metrics.inter_token_latency.observe((now - job.last_token_at) / tokens)
         job.last_token_at = now
