@@ -114,7 +114,7 @@ def test_verify_exits_one_when_speculation_is_not_lossless(capsys, model_dirs, m
     import specdec.engine.engine as engine_module
     from specdec.sampling.rejection import VerifyResult
 
-    def accept_everything(draft_ids, num_draft, draft_probs, target_probs, generator=None):
+    def accept_everything(draft_ids, num_draft, draft_probs, target_probs, generator=None, lenience=1.0):
         bonus = torch.multinomial(target_probs[:, -1], 1, generator=generator)
         return VerifyResult(torch.cat([draft_ids, bonus], dim=1), num_draft.clone())
 

@@ -19,7 +19,9 @@ examples:
   specdec generate --chat "Write a Python function that checks whether a number is prime."
   specdec generate --method autoregressive --max-new-tokens 64 "def quicksort(xs):"
   specdec generate --temperature 0.7 --top-p 0.9 --seed 1 --stats --chat "Tell me about tides."
+  specdec generate -k auto --stats --chat "Explain Python's GIL in three sentences."
   specdec generate --method ngram -k 8 --chat "Rename x to total in: def f(x): return x + 1"
+  specdec generate --temperature 0.7 --lenience 0.5 --chat "Write a haiku."   # LOSSY: faster, not exact
   specdec generate --method ngram+draft -k 8 --draft-k 4 --chat "Summarise: ..."
   specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
 
@@ -30,6 +32,8 @@ earlier in the context (prompt lookup decoding), which pays off when the answer
 repeats the input: code edits, summaries, extraction, multi-turn chat.
 At temperature 0 the output is token for token the target's greedy output;
 at temperature > 0 it follows exactly the target's (warped) distribution.
+-k auto keeps that guarantee (it only changes how many tokens are drafted);
+--lenience below 1 gives it up for speed.
 """
 
 
@@ -56,13 +60,28 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
                                  "vocabulary; native backend; lossless; default: the full vocabulary)")
 
 
-def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4) -> None:
+def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4, adaptive: bool = True) -> None:
     from specdec.proposers.registry import METHODS
 
     parser.add_argument("--method", default="draft", choices=list(METHODS), metavar="METHOD",
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
-    parser.add_argument("-k", type=_positive_int, default=k_default,
-                        help=f"draft tokens per step, >= 1 (default: {k_default}; copying with ngram likes 8)")
+    if not adaptive:
+        parser.add_argument("-k", type=_positive_int, default=k_default,
+                            help=f"draft tokens per step, >= 1 (default: {k_default}; copying with ngram likes 8)")
+        _add_ngram_args(parser)
+        return
+    parser.add_argument("-k", type=_k_value, default=k_default, metavar="K|auto",
+                        help=f"draft tokens per step, >= 1, or auto (default: {k_default}; copying with ngram "
+                             "likes 8). auto: each step's k in 1..--max-k from the request's recent acceptance "
+                             "and the measured step costs (Leviathan et al.'s expected tokens/s); the draft model "
+                             "also stops early below --draft-confidence and n-gram drafts follow the match "
+                             "length. Still lossless")
+    adaptive_group = parser.add_argument_group("adaptive k (-k auto)")
+    adaptive_group.add_argument("--max-k", type=_positive_int, default=8,
+                                help="the largest k auto may choose (default: 8)")
+    adaptive_group.add_argument("--draft-confidence", type=_probability, default=0.4, metavar="P",
+                                help="the draft model stops after a token it drew with probability below P "
+                                     "(transformers' assistant_confidence_threshold; default: 0.4; 0 = never)")
     _add_ngram_args(parser)
 
 
@@ -77,6 +96,42 @@ def _add_ngram_args(parser: argparse.ArgumentParser) -> None:
                             "request's seed (default: recent)")
     ngram.add_argument("--draft-k", type=_positive_int, default=None,
                        help="ngram+draft: at most this many draft-model tokens per step (default: k)")
+
+
+def _k_value(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return _positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text}") from None
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text}")
+    return value
+
+
+def _lenience(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
+LENIENCE_HELP = ("LOSSY when below 1: accept a draft token x while the target's probability p(x) >= l x the "
+                 "draft's q(x) (sampling: with probability min(1, p / (l q))), and at temperature 0 while p(x) >= "
+                 "l x the target's top probability (Leviathan et al., Appendix A.5). Faster, but the output no "
+                 "longer follows the target's distribution (nor equals its greedy output); `specdec bench "
+                 "--lenience` measures the drift. (default: 1 = exact)")
 
 
 def _positive_int(text: str) -> int:
@@ -106,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
     gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x top probability; 0 = off")
     gen.add_argument("--seed", type=int, default=None, help="seed of the request's random generator")
+    gen.add_argument("--lenience", type=_lenience, default=1.0, metavar="L", help=LENIENCE_HELP)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128, help="default: 128")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable); not included in the output")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
@@ -161,20 +217,22 @@ def _load_models(args, need_draft: bool):
     return target, draft
 
 
-def _proposer_options(args) -> dict:
+def _proposer_options(args, k: int | str) -> dict:
     return dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                draft_k=args.draft_k)
+                draft_k=args.draft_k, draft_confidence=getattr(args, "draft_confidence", None),
+                adaptive=k == "auto")
 
 
-def _load_engine(args, method: str, k: int):
+def _load_engine(args, method: str, k: int | str):
     from specdec.engine import SpecEngine
     from specdec.proposers.registry import build_proposer, check_proposer_options, needs_draft_model
 
-    options = _proposer_options(args)
+    options = _proposer_options(args, k)
     check_proposer_options(method, **options)
     target, draft = _load_models(args, needs_draft_model(method))
     proposer = build_proposer(method, draft_runner=draft.runner if draft else None, **options)
-    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids), target
+    return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids,
+                      max_k=getattr(args, "max_k", 8)), target
 
 
 def _load_verify_engines(args):
@@ -190,7 +248,8 @@ def _format_stats(stats) -> str:
     return (
         f"generated {stats.generated_tokens} tokens in {stats.total_time_s:.2f}s "
         f"({stats.tokens_per_s:.2f} tok/s; prefill {stats.prefill_time_s:.2f}s)\n"
-        f"target forwards {stats.target_forwards}, mean accepted length {stats.mean_accepted_length:.2f}, "
+        f"target forwards {stats.target_forwards}, drafted per step {stats.drafted_tokens / max(stats.target_forwards, 1):.2f}, "
+        f"mean accepted length {stats.mean_accepted_length:.2f}, "
         f"acceptance rate {stats.acceptance_rate:.2%} ({stats.accepted_tokens}/{stats.drafted_tokens})\n"
         f"acceptance per draft position: {per_position}"
     )
@@ -199,7 +258,7 @@ def _format_stats(stats) -> str:
 def cmd_generate(args) -> int:
     from specdec.sampling import SamplingParams
 
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed, args.lenience)
     engine, _ = _load_engine(args, args.method, args.k)
     prompt_kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat)
     if args.json:

@@ -14,6 +14,9 @@ EPILOG_BENCH = """\
 examples:
   specdec bench                                   # draft, ngram, ngram+draft at k=4, greedy, 1 prompt/category
   specdec bench --methods draft,ngram --k 1,2,3,4,6,8 --temperature 0,0.7 --repeats 3 --per-category 2
+  specdec bench --methods draft --k 2,3,4,auto --temperature 0,0.7        # adaptive k against fixed k
+  specdec bench --methods draft --k 4 --lenience 1,0.5,0.2 --temperature 0.7 --prompts humaneval \
+                --per-category 10 --max-new-tokens 256                    # lossy speed vs quality drift
   specdec bench --prompts my_prompts.jsonl --out my-run      # your prompts, Spec-Bench format
   specdec bench --out my-run --report-only                    # rebuild report and plots, load no model
 
@@ -23,7 +26,9 @@ math), free, code; or a JSONL path with one {"question_id", "category",
 "turns": [...]} per line. Plain decoding always runs: it is the baseline.
 Writes OUT/results.jsonl (one row per generation; rerun to resume), and
 OUT/report.md, OUT/report.json, OUT/*.png. At temperature 0 the report checks
-that every method reproduced plain decoding token for token.
+that every exact method reproduced plain decoding token for token. With a
+lenience below 1 (LOSSY) it also scores every answer (--quality): mean
+log-likelihood under the target, and HumanEval pass@1 (tests run in a subprocess).
 """
 
 EPILOG_ANALYZE = """\
@@ -75,6 +80,20 @@ def _int_list(text: str) -> list[int]:
     return _number_list(text, int, 1, "k values")
 
 
+def _k_list(text: str) -> list[int | str]:
+    """'2,4,auto' -> [2, 4, 'auto']."""
+    ks = [x.strip() for x in text.split(",") if x.strip()]
+    fixed = [k for k in ks if k != "auto"]
+    return [*(_int_list(",".join(fixed)) if fixed else []), *(["auto"] if "auto" in ks else [])] or _int_list(text)
+
+
+def _lenience_list(text: str) -> list[float]:
+    values = _number_list(text, float, 0, "lenience values")
+    if any(not 0 < v <= 1 for v in values):
+        raise ValueError(f"lenience values must lie in (0, 1], got {text!r}")
+    return values
+
+
 def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, positive_int) -> None:
     import argparse
 
@@ -90,7 +109,17 @@ def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, 
     bench.add_argument("--methods", default="draft,ngram,ngram+draft",
                        help="comma-separated; autoregressive always runs as the baseline (default: "
                             "draft,ngram,ngram+draft)")
-    bench.add_argument("--k", default="4", help="comma-separated draft lengths, each >= 1 (default: 4)")
+    bench.add_argument("--k", default="4",
+                       help="comma-separated draft lengths, each >= 1 or auto (adaptive k; default: 4)")
+    bench.add_argument("--max-k", type=positive_int, default=8, help="the largest k auto may choose (default: 8)")
+    bench.add_argument("--draft-confidence", type=float, default=0.4,
+                       help="with k auto the draft stops below this probability (default: 0.4)")
+    bench.add_argument("--lenience", default="1",
+                       help="comma-separated lenience values in (0, 1]; below 1 is LOSSY (Leviathan et al. A.5) "
+                            "(default: 1 = exact)")
+    bench.add_argument("--quality", choices=["auto", "on", "off"], default="auto",
+                       help="score answers under the target and run HumanEval's tests: auto (default) = when a "
+                            "lenience is below 1")
     bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default: 0)")
     bench.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when temperature > 0 (default: 1)")
     bench.add_argument("--repeats", type=positive_int, default=1, help="runs of each generation (default: 1)")
@@ -162,10 +191,11 @@ def cmd_bench(args, load_models) -> int:
 
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                       draft_k=args.draft_k)
+                       draft_k=args.draft_k, draft_confidence=args.draft_confidence)
         for method in methods:
             check_proposer_options(method, **options)
-        grid = method_grid(methods, _int_list(args.k))
+        leniences = _lenience_list(args.lenience)
+        grid = method_grid(methods, _k_list(args.k), leniences)
         temperatures = _float_list(args.temperature)
         if not 0 < args.top_p <= 1:
             raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
@@ -174,15 +204,17 @@ def cmd_bench(args, load_models) -> int:
         target, draft = load_models(args, need_draft)
         engines = {spec: SpecEngine(target.runner,
                                     build_proposer(spec.method, draft_runner=draft.runner if draft else None,
-                                                   **options),
-                                    target.tokenizer, k=max(spec.k, 1), eos_token_ids=target.eos_token_ids)
+                                                   adaptive=spec.k == "auto", **options),
+                                    target.tokenizer, k=spec.k or 1, eos_token_ids=target.eos_token_ids,
+                                    max_k=args.max_k)
                    for spec in grid}
         run_info = dict(target=args.target, draft=args.draft if need_draft else None, backend=target.backend,
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),
-                        prompts=len(prompts), prompt_sets=args.prompts, **options)
+                        prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, **options)
+        quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
-                         run_info)
+                         run_info, quality)
         _log(f"bench: {len(prompts)} prompts x {len(grid)} methods x {len(temperatures)} temperatures x "
              f"{args.repeats} repeats -> {results}")
         run_bench(plan, engines, results, progress=not args.quiet)
@@ -284,7 +316,7 @@ def cmd_analyze(args, load_models) -> int:
     temperatures = (_float_list(args.temperature) if args.temperature else
                     sorted({r["temperature"] for r in rows}) or [0.0, 0.7])
     ks = (_int_list(args.k) if args.k else
-          sorted({r["k"] for r in rows if r["method"] == "draft"}) or [1, 2, 3, 4, 6, 8])
+          sorted({r["k"] for r in rows if r["method"] == "draft" and isinstance(r["k"], int)}) or [1, 2, 3, 4, 6, 8])
     target, draft = load_models(args, True)
     _log(f"timing decode steps at context {args.context} ...")
     costs = measure_step_costs(target.runner, draft.runner, context=args.context,

@@ -32,7 +32,7 @@ def add_serve_command(sub, add_model_args, add_method_args, positive_int) -> Non
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with speculative decoding and batching",
                            epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(serve)
-    add_method_args(serve)
+    add_method_args(serve, adaptive=False)  # the batched engine drafts a fixed k
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 "
                                                            "exposes the server to your network)")
     serve.add_argument("--port", type=int, default=8000, help="default: 8000")

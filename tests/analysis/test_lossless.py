@@ -59,7 +59,7 @@ def test_the_real_engine_passes(engines, plain_draws):
 
 def test_a_verifier_that_accepts_every_draft_is_caught(engines, plain_draws, monkeypatch):
     """Accepting all drafts emits the draft's distribution, not the target's: the check must fail."""
-    def accept_everything(draft_ids, num_draft, draft_probs, target_probs, generator=None):
+    def accept_everything(draft_ids, num_draft, draft_probs, target_probs, generator=None, lenience=1.0):
         bonus = torch.multinomial(target_probs[:, -1], 1, generator=generator)
         return VerifyResult(torch.cat([draft_ids, bonus], dim=1), num_draft.clone())
 

@@ -45,7 +45,10 @@ def prediction_rows(alpha: dict[str, dict], costs: StepCosts, ks: list[int],
 
 def measured_by_category(temperature_block: dict, method: str = "draft") -> dict[str, dict[int, dict]]:
     """A bench report's temperature block -> category -> k -> stats, for one method."""
-    labels = {label: meta["k"] for label, meta in temperature_block["methods"].items() if meta["method"] == method}
+    from specdec.bench.report import is_fixed_k  # bench builds on analysis, not the other way round
+
+    labels = {label: meta["k"] for label, meta in temperature_block["methods"].items()
+              if meta["method"] == method and is_fixed_k(meta)}
     return {category: {k: cells[label] for label, k in labels.items() if label in cells}
             for category, cells in temperature_block["categories"].items()}
 

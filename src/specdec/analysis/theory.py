@@ -14,6 +14,8 @@ Worked example (Leviathan et al., section 3, and the issue's seed tables):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 
@@ -58,6 +60,63 @@ def arithmetic_operations_factor(alpha: float, k: int, c_ops: float) -> float:
 def optimal_k(alpha: float, c: float, max_k: int = 32) -> int:
     """The k in 1..max_k with the largest walltime_speedup (Leviathan et al., Figure 3); ties -> smaller k."""
     return max(range(1, max_k + 1), key=lambda k: (walltime_speedup(alpha, k, c), -k))
+
+
+def predicted_tokens_per_s(alpha: float, k: int, draft_step_s: float, verify_s: float) -> float:
+    """expected_tokens_per_loop(alpha, k) / (k draft_step_s + verify_s): tokens per second of one loop.
+
+    verify_s is the target's forward over k + 1 tokens. With verify_s equal to one
+    plain target step this is walltime_speedup(alpha, k, draft_step_s / verify_s)
+    divided by that step's time, so both have the same argmax over k; measuring
+    verify_s per k adds what Theorem 3.8 leaves out: on a CPU (or a busy GPU)
+    scoring k + 1 tokens costs more than scoring one.
+    """
+    _check(alpha, k)
+    if draft_step_s < 0 or verify_s <= 0:
+        raise ValueError(f"need draft_step_s >= 0 and verify_s > 0, got {draft_step_s}, {verify_s}")
+    return expected_tokens_per_loop(alpha, k) / (k * draft_step_s + verify_s)
+
+
+def expected_tokens_from_rates(rates: Sequence[float]) -> float:
+    """1 + sum_i prod_{j <= i} rates[j]: Equation 1 with one acceptance rate per draft position.
+
+    rates[j] = P(draft j accepted | drafts 0..j-1 accepted). Real acceptance is
+    bursty (a draft that got the first tokens right tends to get the next ones
+    right), so these conditional rates grow with j where Leviathan et al. assume
+    one i.i.d. alpha; with every rate equal to alpha this is expected_tokens_per_loop:
+    >>> round(expected_tokens_from_rates([0.8] * 4), 3) == round(expected_tokens_per_loop(0.8, 4), 3)
+    True
+    """
+    total, survive = 1.0, 1.0
+    for rate in rates:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"acceptance rates must lie in [0, 1], got {rate}")
+        survive *= rate
+        total += survive
+    return total
+
+
+def best_k(rates: float | Sequence[float], draft_step_s: float, verify_s: Callable[[int], float],
+           max_k: int) -> int:
+    """argmax over k in 1..max_k of predicted tokens/s, expected tokens / (k draft_step_s + verify_s(k)).
+
+    rates: one alpha (Leviathan et al.'s i.i.d. model) or a conditional rate per
+    draft position (expected_tokens_from_rates; at least max_k of them).
+    verify_s(k) = the target's time for k + 1 tokens. Ties go to the smaller k.
+    With one alpha and a constant verify_s this is optimal_k:
+    >>> best_k(0.8, 0.05, lambda k: 1.0, 16) == optimal_k(0.8, 0.05, 16)
+    True
+    """
+    rates = [rates] * max_k if isinstance(rates, (int, float)) else list(rates)
+    if len(rates) < max_k:
+        raise ValueError(f"need an acceptance rate for each of the {max_k} draft positions, got {len(rates)}")
+    if draft_step_s < 0:
+        raise ValueError(f"draft_step_s must be >= 0, got {draft_step_s}")
+
+    def tokens_per_s(k: int) -> float:
+        return expected_tokens_from_rates(rates[:k]) / (k * draft_step_s + verify_s(k))
+
+    return max(range(1, max_k + 1), key=lambda k: (tokens_per_s(k), -k))
 
 
 def speedup_from_step_times(tokens_per_loop: float, k: int, draft_step_s: float, target_step_s: float) -> float:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specdec.bench.prompt_sets import BenchPrompt
+from specdec.bench.quality import humaneval_passes, target_log_likelihood
 from specdec.engine import SpecEngine
 from specdec.engine.request import chat_template_ids
 from specdec.sampling import SamplingParams
@@ -31,21 +32,26 @@ RESULTS_VERSION = 1
 @dataclass(frozen=True)
 class MethodSpec:
     method: str
-    k: int  # 0 for plain decoding
+    k: int | str  # 0 for plain decoding; "auto" for adaptive k
+    lenience: float = 1.0  # < 1: the lossy lenient acceptance rule
 
     @property
     def label(self) -> str:
-        return self.method if self.k == 0 else f"{self.method} k={self.k}"
+        label = self.method if self.k == 0 else f"{self.method} k={self.k}"
+        return label if self.lenience == 1.0 else f"{label} l={self.lenience:g}"
 
 
-def method_grid(methods: list[str], ks: list[int]) -> list[MethodSpec]:
-    """autoregressive once (always, first: it is the baseline), every other method at every k."""
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-        raise ValueError(f"k values must be integers >= 1, got {ks}")
+def method_grid(methods: list[str], ks: list[int | str], leniences: list[float] = (1.0,)) -> list[MethodSpec]:
+    """autoregressive once (always, first: it is the baseline), every other method at every k and lenience."""
+    if not ks or any(k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
+        raise ValueError(f"k values must be integers >= 1 or auto, got {ks}")
+    if not leniences or any(not 0 < lenience <= 1 for lenience in leniences):
+        raise ValueError(f"lenience values must lie in (0, 1], got {list(leniences)}")
     grid = [MethodSpec(AUTOREGRESSIVE, 0)]
     for method in dict.fromkeys(methods):
         if method != AUTOREGRESSIVE:
-            grid.extend(MethodSpec(method, k) for k in dict.fromkeys(ks))
+            grid.extend(MethodSpec(method, k, lenience) for lenience in dict.fromkeys(leniences)
+                        for k in dict.fromkeys(ks))
     return grid
 
 
@@ -59,6 +65,7 @@ class BenchPlan:
     top_p: float = 1.0
     seed: int = 0
     run_info: dict = field(default_factory=dict)  # models, backend, machine: stored with the rows
+    quality: bool = False  # score every answer under the target (and run HumanEval's tests): bench/quality.py
 
     def __post_init__(self) -> None:
         if any(t < 0 for t in self.temperatures) or not self.temperatures:
@@ -74,12 +81,13 @@ class BenchPlan:
 
 
 def row_key(row: dict) -> tuple:
-    return row["question_id"], row["method"], row["k"], float(row["temperature"]), row["repeat"]
+    return (row["question_id"], row["method"], row["k"], float(row.get("lenience", 1.0)), float(row["temperature"]),
+            row["repeat"])
 
 
 def job_key(prompt: BenchPrompt, repeat: int, temperature: float, spec: MethodSpec) -> tuple:
     """The row_key of the row this job will write."""
-    return prompt.question_id, spec.method, spec.k, float(temperature), repeat
+    return prompt.question_id, spec.method, spec.k, float(spec.lenience), float(temperature), repeat
 
 
 def read_results(path: str | Path) -> tuple[dict, list[dict]]:
@@ -115,8 +123,11 @@ def _seed(base: int, question_id: str, repeat: int, turn: int) -> int:
 
 
 def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, max_new_tokens: int,
-               seed_of_turn: Callable[[int], int | None]) -> list[dict]:
-    """All turns of one prompt with one engine; each turn sees the engine's own earlier answers."""
+               seed_of_turn: Callable[[int], int | None], quality: bool = False) -> list[dict]:
+    """All turns of one prompt with one engine; each turn sees the engine's own earlier answers.
+
+    quality: each answer is also scored under the target, after its timing is taken.
+    """
     messages: list[dict] = []
     turns = []
     for index, user_text in enumerate(prompt.turns):
@@ -135,6 +146,9 @@ def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, 
         ))
         if engine.proposer is None:  # plain decoding's texts are what `specdec analyze` measures alpha on
             turns[-1]["prompt_ids"] = result.prompt_token_ids
+        if quality:
+            turns[-1]["target_logprob"] = target_log_likelihood(engine.target, result.prompt_token_ids,
+                                                                result.token_ids)
     return turns
 
 
@@ -145,6 +159,8 @@ def summarise_turns(turns: list[dict]) -> dict:
     for name in ("drafted_per_position", "accepted_per_position"):
         width = max((len(t[name]) for t in turns), default=0)
         total[name] = [sum(t[name][j] for t in turns if j < len(t[name])) for j in range(width)]
+    if turns and all("target_logprob" in t for t in turns):
+        total["target_logprob"] = sum(t["target_logprob"] for t in turns)
     return total
 
 
@@ -176,16 +192,20 @@ def run_bench(plan: BenchPlan, engines: dict[MethodSpec, SpecEngine], out_path: 
                             max_new_tokens=8)
         bar = tqdm(pending, desc="bench", unit="gen", file=sys.stderr, disable=not progress, dynamic_ncols=True)
         for prompt, repeat, temperature, spec in bar:
-            params = SamplingParams(temperature=temperature, top_p=plan.top_p if temperature > 0 else 1.0)
+            params = SamplingParams(temperature=temperature, top_p=plan.top_p if temperature > 0 else 1.0,
+                                    lenience=spec.lenience)
             row = dict(kind="generation", question_id=prompt.question_id, category=prompt.category,
-                       method=spec.method, k=spec.k, label=spec.label, temperature=float(temperature), repeat=repeat)
+                       method=spec.method, k=spec.k, lenience=spec.lenience, label=spec.label,
+                       temperature=float(temperature), repeat=repeat)
             try:
                 turns = run_prompt(engines[spec], prompt, params, plan.max_new_tokens,
-                                   lambda turn: _seed(plan.seed, prompt.question_id, repeat, turn))
+                                   lambda turn: _seed(plan.seed, prompt.question_id, repeat, turn), plan.quality)
             except ValueError as error:  # e.g. a prompt longer than the context: recorded, the run goes on
                 row["error"] = str(error)
                 turns = []
             row.update(summarise_turns(turns), turns=turns)
+            if plan.quality and turns and prompt.category == "humaneval":
+                row["passed"] = humaneval_passes(prompt.question_id, turns[-1]["text"])
             rows.append(row)
             sink.write(json.dumps(row) + "\n")
             sink.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from specdec.bench.report import OVERALL
+from specdec.bench.report import OVERALL, is_fixed_k
 
 
 def _model_names(report: dict) -> str:
@@ -37,7 +37,7 @@ def speedup_plot(report: dict, path: Path) -> Path:
     fig, axes = plt.subplots(len(blocks), 1, figsize=(11, 3.6 * len(blocks)), squeeze=False)
     for ax, (temperature, block) in zip(axes[:, 0], blocks.items()):
         categories = list(block["categories"])
-        labels = [label for label in block["labels"] if block["methods"][label]["k"] > 0]
+        labels = [label for label in block["labels"] if block["methods"][label]["k"] != 0]
         width = 0.8 / max(len(labels), 1)
         for i, label in enumerate(labels):
             cells = [block["categories"][c].get(label) for c in categories]
@@ -60,8 +60,8 @@ def _k_series(block: dict, method: str) -> list[tuple[int, dict]]:
     """(k, overall stats) for plain decoding (k = 0) and every k of one method, ascending."""
     overall = block["categories"][OVERALL]
     series = [(0, overall[label]) for label in block["labels"] if block["methods"][label]["k"] == 0]
-    series += sorted((meta["k"], overall[label]) for label, meta in block["methods"].items()
-                     if meta["method"] == method and label in overall)
+    series += sorted(((meta["k"], overall[label]) for label, meta in block["methods"].items()
+                      if meta["method"] == method and label in overall and is_fixed_k(meta)), key=lambda x: x[0])
     return series
 
 
@@ -107,7 +107,7 @@ def write_plots(report: dict, directory: str | Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = [speedup_plot(report, directory / "speedup.png")]
     methods = {meta["method"] for block in report["temperatures"].values() for meta in block["methods"].values()
-               if meta["k"] > 0}
+               if is_fixed_k(meta)}
     for method in sorted(methods):
         if any(len(_k_series(block, method)) >= 3 for block in report["temperatures"].values()):
             paths.append(figure1_plot(report, method, directory / f"figure1-{method.replace('+', '-')}.png"))

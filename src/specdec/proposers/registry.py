@@ -30,13 +30,15 @@ def needs_draft_model(method: str) -> bool:
 
 def check_proposer_options(
     method: str, *, ngram_max: int = 3, ngram_min: int = 1, ngram_tie_break: str = "recent",
-    draft_k: int | None = None,
+    draft_k: int | None = None, draft_confidence: float | None = None, adaptive: bool = False,
 ) -> None:
     """Validate before any model is loaded, so a typo costs no load time."""
     check_method(method)
     check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
     if draft_k is not None and (isinstance(draft_k, bool) or not isinstance(draft_k, int) or draft_k < 1):
         raise ValueError(f"draft_k must be an integer >= 1 or None, got {draft_k!r}")
+    if draft_confidence is not None and not 0.0 <= draft_confidence < 1.0:
+        raise ValueError(f"the draft confidence threshold must lie in [0, 1), got {draft_confidence!r}")
 
 
 def build_proposer(
@@ -47,24 +49,31 @@ def build_proposer(
     ngram_min: int = 1,
     ngram_tie_break: str = "recent",
     draft_k: int | None = None,
+    draft_confidence: float | None = None,
+    adaptive: bool = False,
 ) -> Proposer | None:
     """None means plain decoding: the engine then drafts nothing.
 
     draft_k caps the draft model's tokens per step in ngram+draft (default: the engine's k).
+    adaptive (`--k auto`): the draft model stops below draft_confidence, the n-gram
+    proposal length follows the match length.
     """
     check_proposer_options(method, ngram_max=ngram_max, ngram_min=ngram_min, ngram_tie_break=ngram_tie_break,
-                           draft_k=draft_k)
+                           draft_k=draft_k, draft_confidence=draft_confidence, adaptive=adaptive)
     if method == "autoregressive":
         return None
+
+    def ngram() -> NgramProposer:
+        return NgramProposer(ngram_max, ngram_min, ngram_tie_break, follow_match=adaptive)
+
     if method == "ngram":
-        return NgramProposer(ngram_max, ngram_min, ngram_tie_break)
+        return ngram()
     if draft_runner is None:
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
+    draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None)
     if method == "draft":
-        return DraftModelProposer(draft_runner)
-    return NgramThenDraftProposer(
-        NgramProposer(ngram_max, ngram_min, ngram_tie_break), DraftModelProposer(draft_runner), draft_k
-    )
+        return draft
+    return NgramThenDraftProposer(ngram(), draft, draft_k)
 
 
 BATCHED_METHODS = ("autoregressive", "draft", "ngram")  # what the batched engine (the server) runs

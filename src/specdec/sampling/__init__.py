@@ -5,6 +5,7 @@ from specdec.sampling.rejection import (
     VerifyResult,
     acceptance_probs,
     greedy_verify,
+    lenient_greedy_verify,
     recovery_probs,
     rejection_sample,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "VerifyResult",
     "acceptance_probs",
     "greedy_verify",
+    "lenient_greedy_verify",
     "recovery_probs",
     "rejection_sample",
     "warp_logits",

@@ -22,6 +22,9 @@ class SamplingParams:
     top_p:       keep the smallest set whose probability reaches top_p; 1 disables.
     min_p:       drop tokens below min_p * (top probability); 0 disables.
     seed:        seeds the request's own torch.Generator; None draws a fresh seed.
+    lenience:    1 (default) = exact verification. 0 < l < 1 is LOSSY (Leviathan et al.,
+                 Appendix A.5): drafts are accepted more easily, the output no longer
+                 follows the target's distribution (nor, at temperature 0, its greedy output).
     """
 
     temperature: float = 0.0
@@ -29,6 +32,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    lenience: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
@@ -41,6 +45,15 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1) (0 = disabled), got {self.min_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+
+        if isinstance(self.lenience, bool) or not isinstance(self.lenience, (int, float)) or not (
+                0.0 < self.lenience <= 1.0):
+            raise ValueError(f"lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {self.lenience!r}")
+
+    @property
+    def exact(self) -> bool:
+        """True when verification keeps the target's distribution (lenience 1)."""
+        return self.lenience == 1.0
 
     @property
     def greedy(self) -> bool:

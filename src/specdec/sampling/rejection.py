@@ -6,6 +6,13 @@ q_j is accepted with probability min(1, p_j(x_j) / q_j(x_j)); at the first
 rejection a *recovered* token is drawn from the residual norm((p_j - q_j)+);
 if all k drafts are accepted a *bonus* token is drawn from p_{k+1}. Every
 emitted token is then distributed exactly as p, whatever q is.
+
+Lenience (Leviathan et al., Appendix A.5) trades that exactness for speed: with
+0 < l < 1, x_j is accepted with probability min(1, p_j(x_j) / (l q_j(x_j))), and
+at temperature 0 whenever p_j(x_j) >= l max_x p_j(x). l = 1 is the exact rule;
+any l < 1 is LOSSY: the output no longer follows the target's distribution
+(greedy: no longer equals its greedy output). analysis/theory.py has the
+expected acceptance rate, lenient_acceptance_rate.
 """
 
 from __future__ import annotations
@@ -47,15 +54,17 @@ def acceptance_probs(
     draft_token_ids: torch.Tensor,  # [B, k] int64, padded with -1
     draft_probs: torch.Tensor | None,  # [B, k, V]; None = point mass
     target_probs: torch.Tensor,  # [B, k+1, V] (or [B, k, V])
+    lenience: float = 1.0,
 ) -> torch.Tensor:
-    """min(1, p_j(x_j) / q_j(x_j)) for each draft position: [B, k] float32.
+    """min(1, p_j(x_j) / (l q_j(x_j))) for each draft position: [B, k] float32.
 
-    A point-mass draft has q_j(x_j) = 1, so x_j is accepted w.p. p_j(x_j).
+    A point-mass draft has q_j(x_j) = 1, so x_j is accepted w.p. p_j(x_j) (/ l).
     q_j(x_j) = 0 cannot be drafted; it is treated as "accept iff p > 0".
+    lenience l = 1 is the exact rule; l < 1 is lossy (module docstring).
     """
     k = draft_token_ids.shape[1]
     safe_ids = draft_token_ids.clamp_min(0)[..., None]  # [B, k, 1]
-    target_p = target_probs[:, :k].float().gather(-1, safe_ids).squeeze(-1)  # [B, k]
+    target_p = target_probs[:, :k].float().gather(-1, safe_ids).squeeze(-1) / lenience  # [B, k]
     if draft_probs is None:
         return target_p.clamp_max(1.0)
     draft_q = draft_probs.float().gather(-1, safe_ids).squeeze(-1)  # [B, k]
@@ -101,8 +110,9 @@ def rejection_sample(
     target_probs: torch.Tensor,  # [B, k+1, V] warped target distribution
     *,
     generator: Generators = None,
+    lenience: float = 1.0,
 ) -> VerifyResult:
-    """Lossless verification of one speculative step, vectorised over k.
+    """Lossless verification of one speculative step, vectorised over k (lossy when lenience < 1).
 
     Worked example (B=1, k=2, V=3), drafts [2, 0]:
       q_0 = [.2, .2, .6], p_0 = [.1, .6, .3]: x_0=2 is accepted w.p. min(1, .3/.6) = .5.
@@ -115,6 +125,10 @@ def rejection_sample(
     A point-mass draft (draft_probs None; n-gram proposals) has q = onehot(x),
     so x is accepted w.p. p(x) and the residual is p with x removed.
     Pure: no host syncs; randomness only through `generator` (one, or one per row).
+
+    lenience l < 1 (LOSSY) only raises the acceptance probability to
+    min(1, p/(l q)); a rejection still draws from norm((p - q)+), which holds
+    exactly the tokens where the target wants more mass than the draft gave.
     """
     batch, k = draft_token_ids.shape
     device = target_probs.device
@@ -122,7 +136,7 @@ def rejection_sample(
 
     # 1. Accept x_j iff u_j < min(1, p_j(x_j) / q_j(x_j)); keep the accepted prefix.
     uniform = _uniform((batch, k), generator, device)  # [B, k]
-    accepted = (uniform < acceptance_probs(draft_token_ids, draft_probs, target_probs)) & is_drafted
+    accepted = (uniform < acceptance_probs(draft_token_ids, draft_probs, target_probs, lenience)) & is_drafted
     num_accepted = _leading_true(accepted)  # [B]
 
     # 2. One recovered (or bonus) token closes the step.
@@ -154,4 +168,31 @@ def greedy_verify(
     num_accepted = _leading_true(matches)
     out_positions = torch.arange(k + 1, device=draft_token_ids.device)[None, :]
     output_ids = torch.where(out_positions <= num_accepted[:, None], target_token_ids, -1)
+    return VerifyResult(output_ids=output_ids, num_accepted=num_accepted)
+
+
+def lenient_greedy_verify(
+    draft_token_ids: torch.Tensor,  # [B, k] int64, padded with -1
+    num_draft: torch.Tensor,  # [B] int64
+    target_logits: torch.Tensor,  # [B, k+1, V] raw
+    lenience: float,
+) -> VerifyResult:
+    """LOSSY temperature-0 verification (Leviathan et al., Appendix A.5): accept x_j while
+    p_j(x_j) >= l * max_x p_j(x), with p = softmax of the raw target logits.
+
+    The token that closes the step is still the target's argmax. l = 1 accepts only
+    (ties with) the argmax, i.e. greedy_verify; smaller l accepts the draft's
+    near-misses. Example, l = 0.5: p_0 = [.5, .3, .2], draft 1 -> .3 >= .25, accepted.
+    """
+    k = draft_token_ids.shape[1]
+    target_probs = torch.softmax(target_logits.float(), dim=-1)  # [B, k+1, V]
+    top_p, top_ids = target_probs.max(dim=-1)  # [B, k+1]
+    draft_p = target_probs[:, :k].gather(-1, draft_token_ids.clamp_min(0)[..., None]).squeeze(-1)  # [B, k]
+    positions = torch.arange(k, device=draft_token_ids.device)
+    accepted = (draft_p >= lenience * top_p[:, :k]) & (positions[None, :] < num_draft[:, None])
+    num_accepted = _leading_true(accepted)
+    out_positions = torch.arange(k + 1, device=draft_token_ids.device)[None, :]
+    padded_drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((draft_token_ids.shape[0], 1), -1)], dim=1)
+    output_ids = torch.where(out_positions < num_accepted[:, None], padded_drafts, -1)
+    output_ids = torch.where(out_positions == num_accepted[:, None], top_ids, output_ids)
     return VerifyResult(output_ids=output_ids, num_accepted=num_accepted)

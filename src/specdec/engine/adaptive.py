@@ -1,0 +1,155 @@
+"""Adaptive k (`--k auto`): each step's maximum draft length from what the last steps measured.
+
+Leviathan et al. 2022 (arXiv 2211.17192, section 3.5 and Figure 3) give the best k
+for a known acceptance rate and cost ratio c; neither is known in advance, and
+acceptance moves from prompt to prompt and within one answer. So after every
+step the engine tells an AdaptiveK what happened, and before the next one asks it for k:
+
+  acceptance  per request and per draft position j: the rate at which draft j is
+              accepted when drafts 0..j-1 were (a conditional rate; acceptance is
+              bursty, so these rise with j where Leviathan's model has one i.i.d.
+              alpha). Counted with exponentially decaying weights, so recent steps
+              count most, and shrunk towards the engine's rates over all requests
+              (which a new request starts from). The engine's rate at j is in turn
+              shrunk towards its rate at j - 1, and its counts fade slowly: a deep
+              position that was tried a few times and failed, and that k then stopped
+              reaching, drifts back to the shallower rate and gets tried again,
+              instead of being written off at 0 for good;
+  costs       per engine (they belong to the models and the machine): the
+              proposer's time per drafted token, and the target's time to verify
+              n tokens (per n where measured, a straight line in n elsewhere).
+              Both are medians over the last steps, not means: a
+              request's first step carries the draft's prefill of the whole prompt
+              (ten times a draft step on the embedded pair), and one such outlier
+              in a mean held k at 1 for twenty steps;
+  k           analysis/theory.py's best_k: the argmax over k of predicted tokens/s,
+              expected tokens (Equation 1, per-position rates) / (k draft_s + verify_s(k + 1)).
+
+This only changes how many tokens are proposed, never how they are verified, so
+speculation stays exactly as lossless as with a fixed k (tests pin it).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+from specdec.analysis.theory import best_k
+
+
+class _RecentTimes:
+    """The last `window` (x, seconds) samples, summarised by medians so one-off slow steps do not count."""
+
+    def __init__(self, window: int) -> None:
+        self.samples: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def add(self, x: float, seconds: float) -> None:
+        self.samples.append((x, seconds))
+
+    def median(self) -> float | None:
+        return statistics.median(y for _, y in self.samples) if self.samples else None
+
+    def predictor(self) -> Callable[[float], float] | None:
+        """seconds(x): the median of x's own samples where x was seen; elsewhere a straight
+        line through the median of each seen x, weighted by how often it was seen.
+
+        Measured points win because costs are not linear in x: on the embedded
+        pair verifying 4 or 5 tokens costs about the same, 7 about 35% more. The
+        line only extrapolates to untried x; one x seen so far gives a flat line.
+        Its slope is never negative: verifying more tokens never costs less.
+        """
+        by_x: dict[float, list[float]] = {}
+        for x, y in self.samples:
+            by_x.setdefault(x, []).append(y)
+        if not by_x:
+            return None
+        medians = {x: statistics.median(ys) for x, ys in by_x.items()}
+        weights = {x: len(ys) for x, ys in by_x.items()}
+        total = sum(weights.values())
+        mean_x = sum(x * weights[x] for x in medians) / total
+        mean_y = sum(medians[x] * weights[x] for x in medians) / total
+        spread = sum(weights[x] * (x - mean_x) ** 2 for x in medians)
+        slope = sum(weights[x] * (x - mean_x) * (medians[x] - mean_y) for x in medians) / spread if spread else 0.0
+        slope = max(slope, 0.0)
+        return lambda x: medians[x] if x in medians else mean_y + slope * (x - mean_x)
+
+
+class AdaptiveK:
+    """Chooses the next step's maximum k; one per engine.
+
+    >>> controller = AdaptiveK(max_k=8)
+    >>> controller.start_request()
+    >>> k = controller.next_k()                  # start_k until costs are measured
+    >>> controller.record(drafted=k, accepted=2, draft_s=0.04, verified_tokens=k + 1, verify_s=0.30)
+    >>> 1 <= controller.next_k() <= 8
+    True
+    """
+
+    def __init__(self, max_k: int = 8, start_k: int = 4, decay: float = 0.85, engine_decay: float = 0.995,
+                 cost_window: int = 32, prior_weight: float = 2.0, prior_rate: float = 0.5) -> None:
+        if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
+            raise ValueError(f"max_k must be an integer >= 1, got {max_k!r}")
+        if not all(0 < d < 1 for d in (decay, engine_decay)):
+            raise ValueError("decay and engine_decay must lie in (0, 1)")
+        self.max_k = max_k
+        self.start_k = min(start_k, max_k)
+        self.decay = decay  # per step, this request's counts
+        self.engine_decay = engine_decay  # per step, the engine-wide counts (half-life ~140 steps)
+        self.prior_weight = prior_weight  # trials a prior is worth, per position
+        self.prior_rate = prior_rate  # the engine's rate at position 0 before anything is measured
+        # Engine-wide: costs, and acceptance counts per position over every request (the prior).
+        self._draft_s = _RecentTimes(cost_window)  # seconds per drafted token (x unused)
+        self._verify_s = _RecentTimes(cost_window)  # seconds to verify n tokens, x = n
+        self._all_tried = [0.0] * max_k
+        self._all_accepted = [0.0] * max_k
+        # This request, decayed.
+        self._tried = [0.0] * max_k
+        self._accepted = [0.0] * max_k
+
+    def rates(self) -> list[float]:
+        """P(draft j accepted | drafts before it accepted), j = 0..max_k-1, for this request now.
+
+        Two shrinkage steps, each (hits + w x prior) / (trials + w): the engine's rate
+        at j towards its rate at j - 1 (prior_rate at j = 0), and this request's rate
+        towards the engine's. A position with no trials takes its prior whole.
+        """
+        rates, engine_rate, w = [], self.prior_rate, self.prior_weight
+        for j in range(self.max_k):
+            engine_rate = (self._all_accepted[j] + w * engine_rate) / (self._all_tried[j] + w)
+            rates.append((self._accepted[j] + w * engine_rate) / (self._tried[j] + w))
+        return rates
+
+    def start_request(self) -> None:
+        self._tried = [0.0] * self.max_k
+        self._accepted = [0.0] * self.max_k
+
+    def next_k(self) -> int:
+        draft_s, verify = self._draft_s.median(), self._verify_s.predictor()
+        if draft_s is None or verify is None:
+            return self.start_k  # nothing measured yet
+        return best_k(self.rates(), draft_s, lambda k: max(verify(k + 1), 1e-9), self.max_k)
+
+    def record(self, *, drafted: int, accepted: int, draft_s: float, verified_tokens: int, verify_s: float) -> None:
+        """One step: drafted and accepted tokens, the proposer's time, tokens verified and the target's time.
+
+        Positions 0..accepted-1 were tried and accepted; position `accepted` was
+        tried and rejected if accepted < drafted; later ones were never judged.
+        A draft model spends one forward per drafted token (the catch-up forward
+        yields the first), an n-gram lookup almost nothing: draft_s / drafted covers both.
+        """
+        if drafted > 0:
+            judged = min(accepted + 1, drafted, self.max_k)
+            for j in range(self.max_k):
+                self._tried[j] *= self.decay
+                self._accepted[j] *= self.decay
+                self._all_tried[j] *= self.engine_decay
+                self._all_accepted[j] *= self.engine_decay
+            for j in range(judged):
+                hit = 1.0 if j < accepted else 0.0
+                self._tried[j] += 1
+                self._accepted[j] += hit
+                self._all_tried[j] += 1
+                self._all_accepted[j] += hit
+            self._draft_s.add(0.0, draft_s / drafted)
+        self._verify_s.add(float(verified_tokens), verify_s)

@@ -1,0 +1,243 @@
+"""Adaptive k (`-k auto`): the controller's choices, and that adaptivity never changes what is emitted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import VOCAB_SIZE, make_model, make_native
+from specdec.analysis.lossless import distribution_tests
+from specdec.engine import SpecEngine
+from specdec.engine.adaptive import AdaptiveK
+from specdec.models.hf import HFRunner
+from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
+from specdec.proposers.base import ProposeContext
+from specdec.proposers.registry import build_proposer
+from specdec.sampling import SamplingParams
+
+PROMPT = "the quick brown fox"
+
+
+# ---- the controller on synthetic measurements -------------------------------------------------
+
+
+def _feed(controller: AdaptiveK, steps: int, accept: float, draft_s: float, verify_s_per_token: float,
+          verify_s_fixed: float) -> list[int]:
+    """Run `steps` synthetic steps: each draft is accepted with probability `accept` while the
+    ones before it were (Leviathan et al.'s i.i.d. model), from a seeded generator."""
+    rng = random.Random(0)
+    chosen = []
+    for _ in range(steps):
+        k = controller.next_k()
+        chosen.append(k)
+        accepted = 0
+        while accepted < k and rng.random() < accept:
+            accepted += 1
+        controller.record(drafted=k, accepted=accepted, draft_s=draft_s * k, verified_tokens=k + 1,
+                          verify_s=verify_s_fixed + verify_s_per_token * (k + 1))
+    return chosen
+
+
+def test_every_draft_accepted_and_a_cheap_draft_drives_k_to_its_maximum():
+    controller = AdaptiveK(max_k=8)
+    controller.start_request()
+    chosen = _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
+    assert chosen[0] == 4  # start_k before anything is measured
+    assert chosen[-5:] == [8] * 5
+
+
+def test_every_draft_rejected_drives_k_to_one():
+    controller = AdaptiveK(max_k=8)
+    controller.start_request()
+    chosen = _feed(controller, 30, accept=0.0, draft_s=0.001, verify_s_per_token=0.001, verify_s_fixed=0.1)
+    assert chosen[-5:] == [1] * 5
+
+
+def test_a_verify_cost_that_grows_with_k_keeps_k_small():
+    """Same acceptance (alpha 0.8), but verifying costs as much per token as a plain step: a
+    longer draft buys fewer than one expected token per token of verification, so k stays at 1.
+    With verification flat in k, Theorem 3.8's optimum for alpha 0.8, c 0.1 is k = 3 or 4."""
+    flat, steep = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
+    for controller in (flat, steep):
+        controller.start_request()
+    flat_k = _feed(flat, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.0, verify_s_fixed=0.1)
+    steep_k = _feed(steep, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.1, verify_s_fixed=0.0)
+    assert steep_k[-10:] == [1] * 10
+    assert min(flat_k[-10:]) >= 3
+
+
+def test_a_new_request_starts_from_what_earlier_requests_measured():
+    controller = AdaptiveK(max_k=6)
+    controller.start_request()
+    _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
+    controller.start_request()
+    assert controller.next_k() == 6  # the engine-wide rates and costs carry over
+    assert min(controller.rates()) > 0.95  # shrunk towards the prior, so never quite 1
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True])
+def test_bad_max_k_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="max_k"):
+        AdaptiveK(max_k=bad)
+
+
+@pytest.mark.parametrize("k", ["Auto", "4", None])
+def test_the_engine_takes_an_integer_or_auto(target_runner, k):
+    with pytest.raises(ValueError, match="auto"):
+        SpecEngine(target_runner, None, None, k=k)
+
+
+# ---- the proposers' own adaptivity ---------------------------------------------------------------
+
+
+def _context(tokens: list[int], params: SamplingParams) -> ProposeContext:
+    generator = torch.Generator().manual_seed(0) if not params.greedy else None
+    return ProposeContext(torch.tensor([tokens]), params, generator, VOCAB_SIZE)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0), SamplingParams(temperature=1.0)])
+def test_the_draft_stops_at_its_first_unsure_token(params):
+    """A tiny random model is never 99% sure: with that threshold every proposal is one token long,
+    with threshold 0 it always runs to max_k."""
+    draft = HFRunner(make_model(seed=1, layers=1))
+    unsure = DraftModelProposer(draft, confidence_threshold=0.99).propose(_context([3, 4, 5, 6], params), 5)
+    assert int(unsure.num_tokens[0]) == 1 and unsure.token_ids.shape == (1, 1)
+    assert unsure.probs is None or unsure.probs.shape == (1, 1, VOCAB_SIZE)
+    sure = DraftModelProposer(HFRunner(make_model(seed=1, layers=1)), confidence_threshold=0.0)
+    assert int(sure.propose(_context([3, 4, 5, 6], params), 5).num_tokens[0]) == 5
+
+
+@pytest.mark.parametrize("bad", [1.0, -0.1, 2])
+def test_bad_confidence_threshold_is_a_clear_error(draft_runner, bad):
+    with pytest.raises(ValueError, match="confidence"):
+        DraftModelProposer(draft_runner, confidence_threshold=bad)
+
+
+def test_ngram_proposal_length_follows_the_match_length():
+    """ngram_max 3, max_k 6: a 3-token match proposes 6 tokens, a 1-token match ceil(6/3) = 2."""
+    params = SamplingParams(temperature=0)
+    long_match = [1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 1, 2, 3]  # suffix [1, 2, 3] seen before
+    short_match = [7, 20, 21, 22, 23, 24, 25, 26, 8, 9, 7]  # only [7] seen before
+    for tokens, expected in ((long_match, 6), (short_match, 2)):
+        proposer = NgramProposer(3, 1, follow_match=True)
+        proposal = proposer.propose(_context(tokens, params), 6)
+        assert int(proposal.num_tokens[0]) == expected
+        fixed = NgramProposer(3, 1).propose(_context(tokens, params), 6)
+        assert fixed.token_ids[0, :expected].tolist() == proposal.token_ids[0].tolist()
+
+
+# ---- lossless with adaptive k ------------------------------------------------------------------
+
+
+class AlwaysWrong:
+    """Drafts max_k tokens the greedy target never picks next (the argmax + 1), a worst case for k."""
+
+    def __init__(self, target: HFRunner) -> None:
+        self.target = target
+        self.asked: list[int] = []
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, ctx, max_k):
+        self.asked.append(max_k)
+        with torch.no_grad():
+            nxt = int(self.target.model(ctx.token_ids).logits[0, -1].argmax())
+        return DraftProposal(torch.tensor([[(nxt + 1) % VOCAB_SIZE] * max_k]), torch.tensor([max_k]), None)
+
+    def on_verified(self, num_accepted):
+        pass
+
+
+AUTO_METHODS = {
+    "draft": lambda draft: DraftModelProposer(draft, confidence_threshold=0.3),
+    "perfect draft": lambda draft: DraftModelProposer(HFRunner(make_model(seed=0)), confidence_threshold=0.3),
+    "ngram": lambda draft: NgramProposer(3, 1, follow_match=True),
+    "ngram+draft": lambda draft: NgramThenDraftProposer(NgramProposer(3, 1, follow_match=True),
+                                                         DraftModelProposer(draft, confidence_threshold=0.3)),
+}
+
+
+@pytest.mark.parametrize("method", list(AUTO_METHODS))
+def test_auto_k_matches_plain_greedy(target_runner, draft_runner, tokenizer, method):
+    reference = SpecEngine(target_runner, None, tokenizer).generate(PROMPT + " the quick", max_new_tokens=60)
+    engine = SpecEngine(target_runner, AUTO_METHODS[method](draft_runner), tokenizer, k="auto", max_k=6)
+    for _ in range(2):  # the second request starts from the first one's measurements
+        out = engine.generate(PROMPT + " the quick", max_new_tokens=60)
+        assert out.token_ids == reference.token_ids
+    assert out.stats.drafted_tokens > 0
+    assert len(out.stats.drafted_per_position) <= 6
+
+
+def test_auto_k_backs_off_when_every_draft_fails(target_runner, tokenizer):
+    reference = SpecEngine(target_runner, None, tokenizer).generate(PROMPT, max_new_tokens=40)
+    proposer = AlwaysWrong(target_runner)
+    out = SpecEngine(target_runner, proposer, tokenizer, k="auto", max_k=8).generate(PROMPT, max_new_tokens=40)
+    assert out.token_ids == reference.token_ids and out.stats.accepted_tokens == 0
+    assert proposer.asked[0] == 4 and proposer.asked[-10:] == [1] * 10
+
+
+def test_the_registry_builds_adaptive_proposers(draft_runner):
+    draft = build_proposer("draft", draft_runner=draft_runner, draft_confidence=0.4, adaptive=True)
+    assert draft.confidence_threshold == 0.4
+    fixed = build_proposer("draft", draft_runner=draft_runner, draft_confidence=0.4, adaptive=False)
+    assert fixed.confidence_threshold is None  # a fixed k drafts exactly k
+    assert build_proposer("ngram", adaptive=True).follow_match
+    with pytest.raises(ValueError, match="confidence"):
+        build_proposer("draft", draft_runner=draft_runner, draft_confidence=1.5, adaptive=True)
+
+
+class CountingProposer:
+    """Delegates to a proposer and records the k asked for and how many tokens each proposal holds."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.asked, self.lengths = inner, [], []
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def propose(self, ctx, max_k):
+        proposal = self.inner.propose(ctx, max_k)
+        self.asked.append(max_k)
+        self.lengths.append(int(proposal.num_tokens[0]))
+        return proposal
+
+    def on_verified(self, num_accepted):
+        self.inner.on_verified(num_accepted)
+
+
+class CheapDraftTimings(AdaptiveK):
+    """The real controller, fed fixed step times of a draft 100x cheaper than the target.
+
+    Tiny test models cost the same per forward whatever their size (Python overhead), so
+    with measured times k would sit at 1; fixed times make the test deterministic and keep
+    k moving with the measured acceptance, which is the history-dependent part under test."""
+
+    def record(self, *, drafted, accepted, draft_s, verified_tokens, verify_s):
+        super().record(drafted=drafted, accepted=accepted, draft_s=0.001 * drafted, verified_tokens=verified_tokens,
+                       verify_s=0.1)
+
+
+def test_auto_k_with_early_stopping_keeps_the_target_distribution():
+    """Sampled at T=0.8: 1000 speculative draws with -k auto and a confidence threshold against
+    1000 plain draws; the first token and the first two tokens must follow the same law.
+    Both the chosen k and the proposals' lengths must really vary, or adaptivity is not tested."""
+    params = SamplingParams(temperature=0.8)
+    target = make_native(make_model(seed=0))
+    draft = make_native(make_model(seed=1, layers=1))
+    # A random 64-token model is nearly flat (mean probability 1/64): 0.015 stops about 2 drafts in 3.
+    proposer = CountingProposer(DraftModelProposer(draft, confidence_threshold=0.015))
+    spec = SpecEngine(target, proposer, None, k="auto", max_k=6, eos_token_ids=frozenset())
+    spec.adaptive = CheapDraftTimings(max_k=6)
+    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    prompt = [5, 9, 12, 3, 7]
+    spec_draws = list(spec.sample_continuations(prompt, params, 1000))
+    plain_draws = list(plain.sample_continuations(prompt, params, 1000, seed=10_000))
+    assert len(set(proposer.asked)) >= 3, proposer.asked  # k chosen from the acceptance history
+    stopped = sum(n < k for n, k in zip(proposer.lengths, proposer.asked))
+    assert 100 < stopped < len(proposer.lengths) - 100, stopped  # the draft stopped early, and not always
+    tests = distribution_tests(spec_draws, plain_draws)
+    assert all(t.dof >= 3 for t in tests)
+    assert min(t.p_value for t in tests) > 1e-4, tests
