@@ -130,3 +130,43 @@ def test_quantizing_on_the_transformers_backend_is_refused(capsys, model_dirs):
     code, _, err = run(capsys, "generate", "--target", model_dirs["target"], "--backend", "hf", "--quantize", "int8",
                        "--method", "autoregressive", "hi")
     assert code == 2 and "need the native backend" in err and "Traceback" not in err
+
+
+def test_generate_with_auto_k_matches_plain_and_lenience_accepts_more(capsys, model_dirs):
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "30", "--json", "hello world"]
+    _, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    plain = json.loads(out)
+    code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], "-k", "auto", "--max-k", "5",
+                         "--draft-confidence", "0.1", *common)
+    assert code == 0, err
+    auto = json.loads(out)
+    assert auto["token_ids"] == plain["token_ids"] and auto["stats"]["drafted_tokens"] > 0
+    assert len(auto["stats"]["drafted_per_position"]) <= 5
+    _, out, _ = run(capsys, "generate", "--draft", model_dirs["draft"], "-k", "3", *common)
+    exact = json.loads(out)
+    code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], "-k", "3", "--lenience", "0.05", *common)
+    assert code == 0, err
+    lenient = json.loads(out)
+    assert lenient["stats"]["acceptance_rate"] > exact["stats"]["acceptance_rate"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "-k", "often", "hi"], "integer >= 1 or auto"),
+    (["generate", "--lenience", "0", "hi"], "(0, 1]"),
+    (["generate", "--lenience", "1.5", "hi"], "(0, 1]"),
+    (["generate", "--draft-confidence", "1", "hi"], "[0, 1)"),
+    (["generate", "--max-k", "0", "hi"], "must be an integer >= 1"),
+    (["serve", "-k", "auto"], "invalid"),  # the batched server drafts a fixed k
+])
+def test_bad_adaptive_and_lenience_options_are_argument_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_labels_lenience_as_lossy(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "LOSSY" in help_text and "auto" in help_text and "Still lossless" in help_text

@@ -125,8 +125,8 @@ def test_verify_exits_one_when_speculation_is_not_lossless(capsys, model_dirs, m
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["bench", "--k", "0,2"], "k values must be comma-separated ints >= 1"),
-    (["bench", "--k", "two"], "k values must be comma-separated ints >= 1"),
+    (["bench", "--k", "0,2"], "k values must be comma-separated integers >= 1 or auto"),
+    (["bench", "--k", "two"], "k values must be comma-separated integers >= 1 or auto"),
     (["bench", "--temperature", "-1"], "temperatures must be comma-separated floats >= 0"),
     (["bench", "--methods", "draft,magic"], "unknown method 'magic'"),
     (["bench", "--prompts", "nowhere.jsonl"], "not found"),
@@ -138,3 +138,38 @@ def test_verify_exits_one_when_speculation_is_not_lossless(capsys, model_dirs, m
 def test_bad_input_is_one_line_before_any_model_loads(capsys, argv, message):
     code, _, err = run(capsys, *argv)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_bench_with_auto_k_and_lenience_reports_speed_and_quality(capsys, model_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": "HumanEval/2", "category": "humaneval",
+                                   "turns": ["def truncate_number(number: float) -> float:"]}) + "\n"
+                       + json.dumps({"question_id": "copy", "category": "copy",
+                                     "turns": ["the cat sat on the mat. the cat"]}) + "\n")
+    out = tmp_path / "run"
+    code, text, err = run(capsys, "bench", *_models(model_dirs), "--prompts", str(prompts), "--methods", "draft",
+                          "--k", "2,auto", "--lenience", "1,0.5", "--temperature", "0,0.8", "--max-new-tokens", "10",
+                          "--max-k", "4", "--out", str(out), "--quiet", "--no-plots")
+    assert code == 0, err
+    info, rows = read_results(out / "results.jsonl")
+    assert info["max_k"] == 4
+    assert {(r["k"], r["lenience"]) for r in rows if r["method"] == "draft"} == {(2, 1.0), ("auto", 1.0), (2, 0.5),
+                                                                                  ("auto", 0.5)}
+    assert len(rows) == 2 * 5 * 2  # prompts x (plain + 2 k x 2 lenience) x temperatures
+    # A lenience below 1 switches quality on: every answer scored, HumanEval answers run against their tests.
+    assert all("target_logprob" in r and r["target_logprob"] <= 0 for r in rows)
+    assert all(isinstance(r["passed"], bool) for r in rows if r["category"] == "humaneval")
+    assert "passed" not in next(r for r in rows if r["category"] == "copy")
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["greedy_equality"]) == {"draft k=2", "draft k=auto"}  # the exact ones, both identical
+    assert all(cell["identical"] == cell["total"] == 2 for cell in report["greedy_equality"].values())
+    assert "Quality drift, temperature 0.8" in text and "draft k=auto l=0.5 (lossy)" in text
+    assert "s/prompt p50" in text
+
+
+def test_verify_passes_the_engine_with_auto_k(capsys, model_dirs):
+    code, text, err = run(capsys, "verify", *_models(model_dirs), "-k", "auto", "--max-k", "4",
+                          "--draft-confidence", "0.02", "--samples", "300", "--temperature", "0.6",
+                          "--prompt", "the cat sat", "--greedy-prompts", "1", "--max-new-tokens", "16")
+    assert code == 0, text + err
+    assert "PASS  first token" in text and "greedy check: 1/1" in text and "PASSED" in text

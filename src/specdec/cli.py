@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Callable
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -107,31 +109,27 @@ def _k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text}") from None
 
 
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text}")
-    return value
+def _number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a float that `contains` accepts, else an error naming the interval."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan  # fails every comparison
+        if not contains(value):
+            raise argparse.ArgumentTypeError(f"must be a number in {interval}, got {text}")
+        return value
+    return parse
 
 
-def _lenience(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
-    return value
+_probability = _number_in("[0, 1)", lambda v: 0.0 <= v < 1.0)
+_lenience = _number_in("(0, 1]", lambda v: 0.0 < v <= 1.0)
 
 
-LENIENCE_HELP = ("LOSSY when below 1: accept a draft token x while the target's probability p(x) >= l x the "
-                 "draft's q(x) (sampling: with probability min(1, p / (l q))), and at temperature 0 while p(x) >= "
-                 "l x the target's top probability (Leviathan et al., Appendix A.5). Faster, but the output no "
-                 "longer follows the target's distribution (nor equals its greedy output); `specdec bench "
-                 "--lenience` measures the drift. (default: 1 = exact)")
+LENIENCE_HELP = ("LOSSY below 1 (Leviathan et al., Appendix A.5): a drafted token t is accepted with probability "
+                 "min(1, p(t) / (l q(t))) instead of min(1, p(t) / q(t)), and at temperature 0 whenever "
+                 "p(t) >= l max p. Faster, but the output no longer follows the target's distribution (nor "
+                 "equals its greedy output); `specdec bench --lenience` measures the drift. (default: 1 = exact)")
 
 
 def _positive_int(text: str) -> int:
@@ -217,20 +215,19 @@ def _load_models(args, need_draft: bool):
     return target, draft
 
 
-def _proposer_options(args, k: int | str) -> dict:
+def _proposer_options(args) -> dict:
     return dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                draft_k=args.draft_k, draft_confidence=getattr(args, "draft_confidence", None),
-                adaptive=k == "auto")
+                draft_k=args.draft_k, draft_confidence=getattr(args, "draft_confidence", None))
 
 
 def _load_engine(args, method: str, k: int | str):
     from specdec.engine import SpecEngine
     from specdec.proposers.registry import build_proposer, check_proposer_options, needs_draft_model
 
-    options = _proposer_options(args, k)
+    options = _proposer_options(args)
     check_proposer_options(method, **options)
     target, draft = _load_models(args, needs_draft_model(method))
-    proposer = build_proposer(method, draft_runner=draft.runner if draft else None, **options)
+    proposer = build_proposer(method, draft_runner=draft.runner if draft else None, adaptive=k == "auto", **options)
     return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids,
                       max_k=getattr(args, "max_k", 8)), target
 
@@ -248,7 +245,8 @@ def _format_stats(stats) -> str:
     return (
         f"generated {stats.generated_tokens} tokens in {stats.total_time_s:.2f}s "
         f"({stats.tokens_per_s:.2f} tok/s; prefill {stats.prefill_time_s:.2f}s)\n"
-        f"target forwards {stats.target_forwards}, drafted per step {stats.drafted_tokens / max(stats.target_forwards, 1):.2f}, "
+        f"target forwards {stats.target_forwards}, "
+        f"drafted per step {stats.drafted_tokens / max(stats.target_forwards, 1):.2f}, "
         f"mean accepted length {stats.mean_accepted_length:.2f}, "
         f"acceptance rate {stats.acceptance_rate:.2%} ({stats.accepted_tokens}/{stats.drafted_tokens})\n"
         f"acceptance per draft position: {per_position}"

@@ -81,10 +81,16 @@ def _int_list(text: str) -> list[int]:
 
 
 def _k_list(text: str) -> list[int | str]:
-    """'2,4,auto' -> [2, 4, 'auto']."""
-    ks = [x.strip() for x in text.split(",") if x.strip()]
-    fixed = [k for k in ks if k != "auto"]
-    return [*(_int_list(",".join(fixed)) if fixed else []), *(["auto"] if "auto" in ks else [])] or _int_list(text)
+    """'2,4,auto' -> [2, 4, 'auto']: fixed k values >= 1 in the order given, auto last."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    fixed = [x for x in values if x != "auto"]
+    try:
+        ks: list[int | str] = [int(x) for x in fixed]
+    except ValueError:
+        ks = [0]
+    if not values or any(k < 1 for k in ks):
+        raise ValueError(f"k values must be comma-separated integers >= 1 or auto, got {text!r}")
+    return ks + ["auto"] * ("auto" in values)
 
 
 def _lenience_list(text: str) -> list[float]:
@@ -118,8 +124,9 @@ def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, 
                        help="comma-separated lenience values in (0, 1]; below 1 is LOSSY (Leviathan et al. A.5) "
                             "(default: 1 = exact)")
     bench.add_argument("--quality", choices=["auto", "on", "off"], default="auto",
-                       help="score answers under the target and run HumanEval's tests: auto (default) = when a "
-                            "lenience is below 1")
+                       help="score every answer (mean log-likelihood under the target) and run HumanEval's tests "
+                            "on HumanEval answers, which EXECUTES the model's code here (a subprocess with time and "
+                            "memory limits): auto (default) = when a lenience is below 1")
     bench.add_argument("--temperature", default="0", help="comma-separated temperatures (default: 0)")
     bench.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when temperature > 0 (default: 1)")
     bench.add_argument("--repeats", type=positive_int, default=1, help="runs of each generation (default: 1)")

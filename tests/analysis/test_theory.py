@@ -9,9 +9,12 @@ import torch
 from specdec.analysis.theory import (
     acceptance_rate,
     arithmetic_operations_factor,
+    best_k,
+    expected_tokens_from_rates,
     expected_tokens_per_loop,
     lenient_acceptance_rate,
     optimal_k,
+    predicted_tokens_per_s,
     speedup_from_step_times,
     walltime_speedup,
 )
@@ -102,3 +105,37 @@ def test_lenient_acceptance_rate_matches_a_simulation_of_the_lenient_rule():
     assert rates == sorted(rates) and rates[-1] == pytest.approx(1.0)  # more lenient, more accepted
     with pytest.raises(ValueError, match="lenience"):
         lenient_acceptance_rate(target, draft, 0.0)
+
+
+def test_expected_tokens_from_rates_is_equation_1_with_one_rate_per_position():
+    assert expected_tokens_from_rates([0.8] * 4) == pytest.approx(expected_tokens_per_loop(0.8, 4))
+    assert expected_tokens_from_rates([]) == 1.0
+    # Bursty acceptance: 0.5 at the first draft, certain afterwards -> 1 + .5 + .5 + .5.
+    assert expected_tokens_from_rates([0.5, 1.0, 1.0]) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="rates"):
+        expected_tokens_from_rates([0.5, 1.2])
+
+
+def test_best_k_is_optimal_k_with_a_flat_verify_cost_and_shrinks_when_verifying_costs_more():
+    for alpha, c in ((0.8, 0.05), (0.6, 0.2), (0.9, 0.01), (0.3, 0.3)):
+        assert best_k(alpha, c, lambda k: 1.0, 16) == optimal_k(alpha, c, 16)
+    flat = best_k(0.8, 0.05, lambda k: 1.0, 16)
+    steep = best_k(0.8, 0.05, lambda k: 1.0 + 0.2 * k, 16)
+    assert steep < flat
+    # The argmax really is the best predicted tokens/s among 1..max_k.
+    costs = lambda k: 0.15 + 0.01 * k  # noqa: E731
+    chosen = best_k(0.7, 0.03, costs, 8)
+    speeds = [predicted_tokens_per_s(0.7, k, 0.03, costs(k)) for k in range(1, 9)]
+    assert speeds[chosen - 1] == max(speeds)
+    # Rising conditional rates (bursty acceptance) justify a longer draft than their first rate alone.
+    assert best_k([0.6, 0.9, 0.95, 0.95, 0.95, 0.95], 0.03, costs, 6) > best_k(0.6, 0.03, costs, 6)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: best_k([0.5], 0.1, lambda k: 1.0, 3), "3 draft"),
+    (lambda: best_k(0.5, -1, lambda k: 1.0, 3), "draft_s"),
+    (lambda: predicted_tokens_per_s(0.5, 2, 0.1, 0), "verify_s"),
+])
+def test_bad_costs_and_rates_are_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

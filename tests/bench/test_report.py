@@ -97,3 +97,48 @@ def test_a_file_that_is_not_results_is_refused(tmp_path):
     bad.write_text("not json\n")
     with pytest.raises(ValueError, match="not JSON"):
         read_results(bad)
+
+
+def _variant(row, *, k=None, lenience=1.0, **extra):
+    """A copy of a hand-made row as another k (e.g. auto) and/or lenience, labelled as the harness labels it."""
+    from specdec.bench.harness import MethodSpec
+
+    k = row["k"] if k is None else k
+    return dict(row, k=k, lenience=lenience, label=MethodSpec(row["method"], k, lenience).label, **extra)
+
+
+def test_auto_k_and_lossy_rows_get_their_own_labels_quality_and_percentiles(rows, tmp_path):
+    from specdec.analysis.predicted import is_fixed_k
+
+    plain = [r for r in rows if r["method"] == "autoregressive"]
+    draft = [r for r in rows if r["method"] == "draft" and not r.get("error")]
+    scored = [dict(r, target_logprob=-0.5 * r["tokens"]) for r in plain]
+    auto = [_variant(r, k="auto", target_logprob=-0.5 * r["tokens"]) for r in draft]
+    lossy = [_variant(r, lenience=0.5, target_logprob=-0.9 * r["tokens"], token_ids=[9]) for r in draft]
+    lossy[0]["passed"], lossy[2]["passed"] = True, False
+    report = build_report([*scored, *draft, *auto, *lossy])
+    block = report["temperatures"]["0"]
+    assert block["labels"] == ["autoregressive", "draft k=2", "draft k=auto", "draft k=2 l=0.5"]
+    assert [is_fixed_k(block["methods"][label]) for label in block["labels"]] == [False, True, False, False]
+    # Lossy rows are left out of the greedy-equality count (they are measured for drift instead).
+    assert set(report["greedy_equality"]) == {"draft k=2", "draft k=auto"}
+    overall = block["categories"][OVERALL]
+    assert overall["draft k=2 l=0.5"]["mean_logprob"] == pytest.approx(-0.9)
+    assert overall["autoregressive"]["mean_logprob"] == pytest.approx(-0.5)
+    assert (overall["draft k=2 l=0.5"]["humaneval_passed"], overall["draft k=2 l=0.5"]["humaneval_tested"]) == (1, 2)
+    assert "mean_logprob" not in overall["draft k=2"]  # nothing scored, nothing claimed
+    # Per-prompt seconds (median over repeats): prompt a 100/30 s, prompt b 5 s.
+    assert overall["draft k=auto"]["prompt_seconds_p50"] == pytest.approx((100 / 30 + 5) / 2)
+    assert overall["draft k=auto"]["prompt_seconds_p90"] == pytest.approx(100 / 30 + 0.9 * (5 - 100 / 30))
+    text = to_text(report)
+    assert "Quality drift" in text and "draft k=2 l=0.5 (lossy)" in text and "-0.400" in text and "50% (1/2)" in text
+    # auto against the best fixed k per category; here auto and k=2 ran in the same times.
+    from specdec.bench.report import _adaptive_tables
+
+    adaptive = _adaptive_tables(block)["draft"]
+    assert [row[0] for row in adaptive] == ["code", "chat", OVERALL]
+    assert adaptive[0] == ["code", "2", "2.00x", "-", "2.00x", "1.00", "-"]
+    assert "draft k=auto against fixed k" in text
+    paths = write_plots(report, tmp_path)  # auto and lossy rows stay out of the k-curves; scored rows get quality.png
+    assert sorted(p.name for p in paths) == ["quality.png", "speedup.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

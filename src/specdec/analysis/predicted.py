@@ -43,10 +43,13 @@ def prediction_rows(alpha: dict[str, dict], costs: StepCosts, ks: list[int],
     return rows
 
 
+def is_fixed_k(meta: dict) -> bool:
+    """A bench report's method entry with one fixed k >= 1 and exact verification (what the k-curves plot)."""
+    return isinstance(meta["k"], int) and meta["k"] > 0 and meta.get("lenience", 1.0) == 1.0
+
+
 def measured_by_category(temperature_block: dict, method: str = "draft") -> dict[str, dict[int, dict]]:
     """A bench report's temperature block -> category -> k -> stats, for one method."""
-    from specdec.bench.report import is_fixed_k  # bench builds on analysis, not the other way round
-
     labels = {label: meta["k"] for label, meta in temperature_block["methods"].items()
               if meta["method"] == method and is_fixed_k(meta)}
     return {category: {k: cells[label] for label, k in labels.items() if label in cells}

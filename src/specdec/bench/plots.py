@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from specdec.bench.report import OVERALL, is_fixed_k
+from specdec.analysis.predicted import is_fixed_k
+from specdec.bench.report import OVERALL
 
 
 def _model_names(report: dict) -> str:
@@ -101,8 +102,38 @@ def figure1_plot(report: dict, method: str, path: Path) -> Path:
     return path
 
 
+def _scored(block: dict) -> list[tuple[str, dict]]:
+    """(label, overall stats) of every method whose answers were scored under the target."""
+    overall = block["categories"][OVERALL]
+    return [(label, overall[label]) for label in block["labels"] if "mean_logprob" in overall.get(label, {})]
+
+
+def quality_plot(report: dict, path: Path) -> Path:
+    """Speed against quality: speedup (x) and mean log-likelihood per token under the target (y), one point
+    per method; lossy settings in red. Exact methods sit at plain decoding's height up to sampling noise."""
+    plt = _pyplot()
+    blocks = {t: b for t, b in report["temperatures"].items() if len(_scored(b)) >= 2}
+    fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4.2), squeeze=False)
+    for ax, (temperature, block) in zip(axes[0], blocks.items()):
+        for label, stats in _scored(block):
+            lossy = block["methods"][label].get("lenience", 1.0) < 1
+            ax.scatter(stats["speedup"], stats["mean_logprob"], color="tab:red" if lossy else "tab:blue")
+            ax.annotate(label + (" (lossy)" if lossy else ""), (stats["speedup"], stats["mean_logprob"]),
+                        textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.set_xlabel("speedup over plain")
+        ax.set_ylabel("mean log-likelihood per token under the target")
+        ax.set_title(f"temperature {temperature}")
+        ax.margins(x=0.25, y=0.2)
+    fig.suptitle(f"speed vs quality: {_model_names(report)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(report: dict, directory: str | Path) -> list[Path]:
-    """speedup.png, and figure1-<method>.png for each method measured at two or more k."""
+    """speedup.png, figure1-<method>.png for each method measured at two or more k, and quality.png
+    when answers were scored (bench --quality)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = [speedup_plot(report, directory / "speedup.png")]
@@ -111,4 +142,6 @@ def write_plots(report: dict, directory: str | Path) -> list[Path]:
     for method in sorted(methods):
         if any(len(_k_series(block, method)) >= 3 for block in report["temperatures"].values()):
             paths.append(figure1_plot(report, method, directory / f"figure1-{method.replace('+', '-')}.png"))
+    if any(len(_scored(block)) >= 2 for block in report["temperatures"].values()):
+        paths.append(quality_plot(report, directory / "quality.png"))
     return paths

@@ -9,11 +9,18 @@ noise, and they are the reference the lossy rows drift from:
   humaneval_passes       HumanEval pass@1 (Chen et al. 2021, arXiv 2107.03374): the
                          answer's code and the problem's own tests run in a fresh
                          Python subprocess with a timeout.
+
+humaneval_passes RUNS CODE THE MODEL WROTE on this machine (as HumanEval's own
+harness does once its safety switch is removed). The subprocess is isolated
+only lightly: python -I in an empty temporary directory, a wall-clock timeout,
+and on POSIX limits on CPU time, memory and file size. Use it on models you
+trust, or inside a container.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import subprocess
 import sys
@@ -25,6 +32,7 @@ import torch
 from specdec.models.runner import ModelRunner
 
 HUMANEVAL_TIMEOUT_S = 10.0
+HUMANEVAL_MEMORY_BYTES = 2 << 30  # address space of the test subprocess
 _CODE_BLOCK = re.compile(r"```[a-zA-Z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -46,6 +54,16 @@ def extract_code(answer: str) -> str:
     """The first fenced code block of a chat answer (an unclosed one runs to the end), else the whole answer."""
     match = _CODE_BLOCK.search(answer)
     return match.group(1) if match else answer
+
+
+def _limit_resources(cpu_s: int) -> None:
+    """preexec_fn of the test subprocess (POSIX): CPU seconds, address space, file size, no core dumps."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    resource.setrlimit(resource.RLIMIT_AS, (HUMANEVAL_MEMORY_BYTES, HUMANEVAL_MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 @functools.cache
@@ -72,8 +90,9 @@ def humaneval_passes(task_id: str, answer: str, timeout_s: float = HUMANEVAL_TIM
         path.write_text(program)
         try:
             # -I: isolated (no user site, no PYTHON* variables, no cwd on sys.path).
+            limits = functools.partial(_limit_resources, max(int(timeout_s) + 1, 2)) if os.name == "posix" else None
             done = subprocess.run([sys.executable, "-I", str(path)], cwd=directory, capture_output=True,
-                                  timeout=timeout_s, stdin=subprocess.DEVNULL)
+                                  timeout=timeout_s, stdin=subprocess.DEVNULL, preexec_fn=limits)
         except subprocess.TimeoutExpired:
             return False
     return done.returncode == 0

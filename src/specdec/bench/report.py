@@ -19,6 +19,7 @@ import math
 import statistics
 from collections import defaultdict
 
+from specdec.analysis.predicted import is_fixed_k
 from specdec.bench.harness import AUTOREGRESSIVE
 
 OVERALL = "overall"
@@ -113,11 +114,6 @@ def _greedy_equality(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def is_fixed_k(meta: dict) -> bool:
-    """A report's method entry with one fixed k >= 1 and exact verification (what the k-curves plot)."""
-    return isinstance(meta["k"], int) and meta["k"] > 0 and meta.get("lenience", 1.0) == 1.0
-
-
 def _label_order(row: dict) -> tuple:
     """Plain first; then by method, exact before lossy, fixed k ascending, auto last."""
     k = row["k"]
@@ -193,6 +189,11 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                            f"{s['acceptance_rate']:.1%}" if s["drafted_tokens"] else "-", f"{s['ms_per_loop']:.1f}",
                            " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"])
         tables.append((f"All prompts, temperature {temperature}", detail_header, detail))
+        for method, adaptive_rows in _adaptive_tables(block).items():
+            tables.append((f"{method} k=auto against fixed k, temperature {temperature} (speedup; best = the best "
+                           "fixed k of that category, chosen after the fact)",
+                           ["category", "best fixed k", "best", "k=4", "auto", "auto / best", "auto / k=4"],
+                           adaptive_rows))
         quality = _quality_table(block)
         if quality:
             tables.append((f"Quality drift, temperature {temperature}: mean log-likelihood per token under the "
@@ -203,6 +204,30 @@ def _tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 for label, cell in report["greedy_equality"].items()]
         tables.append(("Temperature 0: output identical to plain decoding (prompts, all turns)",
                        ["method", "identical", "differing prompts"], rows))
+    return tables
+
+
+def _adaptive_tables(block: dict) -> dict[str, list[list[str]]]:
+    """Per method that ran with k=auto and with fixed k (exact verification): one row per category."""
+    tables = {}
+    for auto_label, meta in block["methods"].items():
+        if meta["k"] != "auto" or meta.get("lenience", 1.0) != 1.0:
+            continue
+        fixed = {m["k"]: label for label, m in block["methods"].items()
+                 if m["method"] == meta["method"] and is_fixed_k(m)}
+        if not fixed:
+            continue
+        rows = []
+        for category, cells in block["categories"].items():
+            if auto_label not in cells or not any(label in cells for label in fixed.values()):
+                continue
+            best_k = max((k for k, label in fixed.items() if label in cells),
+                         key=lambda k: cells[fixed[k]]["speedup"])
+            best, auto = cells[fixed[best_k]]["speedup"], cells[auto_label]["speedup"]
+            k4 = cells[fixed[4]]["speedup"] if 4 in fixed and fixed[4] in cells else None
+            rows.append([category, str(best_k), f"{best:.2f}x", f"{k4:.2f}x" if k4 else "-", f"{auto:.2f}x",
+                         f"{auto / best:.2f}", f"{auto / k4:.2f}" if k4 else "-"])
+        tables[meta["method"]] = rows
     return tables
 
 

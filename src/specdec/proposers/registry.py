@@ -30,7 +30,7 @@ def needs_draft_model(method: str) -> bool:
 
 def check_proposer_options(
     method: str, *, ngram_max: int = 3, ngram_min: int = 1, ngram_tie_break: str = "recent",
-    draft_k: int | None = None, draft_confidence: float | None = None, adaptive: bool = False,
+    draft_k: int | None = None, draft_confidence: float | None = None,
 ) -> None:
     """Validate before any model is loaded, so a typo costs no load time."""
     check_method(method)
@@ -59,7 +59,7 @@ def build_proposer(
     proposal length follows the match length.
     """
     check_proposer_options(method, ngram_max=ngram_max, ngram_min=ngram_min, ngram_tie_break=ngram_tie_break,
-                           draft_k=draft_k, draft_confidence=draft_confidence, adaptive=adaptive)
+                           draft_k=draft_k, draft_confidence=draft_confidence)
     if method == "autoregressive":
         return None
 
