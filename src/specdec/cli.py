@@ -1,4 +1,4 @@
-"""specdec command line: generate | demo | serve | bench | analyze | verify | models.
+"""specdec command line: generate | demo | serve | bench | analyze | verify | train-head | models.
 
 Every subcommand's --help teaches by example; bad input exits with a one-line
 error (status 2), never a traceback.
@@ -12,6 +12,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -85,6 +86,19 @@ def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4, adapti
                                 help="the draft model stops after a token it drew with probability below P "
                                      "(transformers' assistant_confidence_threshold; default: 0.4; 0 = never)")
     _add_ngram_args(parser)
+    add_head_args(parser)
+
+
+def add_head_args(parser: argparse.ArgumentParser) -> None:
+    heads = parser.add_argument_group("draft heads (--method eagle, eagle-tree, medusa)")
+    heads.add_argument("--head", default=None, metavar="PATH",
+                       help="a head checkpoint from `specdec train-head` (default: the one trained for --target "
+                            "in the models' cache)")
+    heads.add_argument("--tree-size", type=_non_negative_int, default=None, metavar="N",
+                       help="drafted tree nodes per step (default: 10; medusa 0 = a chain). Each node is one more "
+                            "token the target verifies: on a CPU small trees pay, on a GPU EAGLE-2 uses ~60")
+    heads.add_argument("--tree-topk", type=_positive_int, default=4,
+                       help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
 
 
 def _add_ngram_args(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +144,13 @@ LENIENCE_HELP = ("LOSSY below 1 (Leviathan et al., Appendix A.5): a drafted toke
                  "min(1, p(t) / (l q(t))) instead of min(1, p(t) / q(t)), and at temperature 0 whenever "
                  "p(t) >= l max p. Faster, but the output no longer follows the target's distribution (nor "
                  "equals its greedy output); `specdec bench --lenience` measures the drift. (default: 1 = exact)")
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -183,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_research_commands(sub, _add_model_args, _add_method_args, _add_ngram_args, _positive_int)
 
+    from specdec.train_cli import add_train_command
+
+    add_train_command(sub, _add_model_args, _positive_int)
+
     models = sub.add_parser("models", help="list, fetch or verify the embedded default models",
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="examples:\n  specdec models list\n  specdec models fetch qwen2.5-coder-1.5b\n"
@@ -226,10 +251,40 @@ def _load_engine(args, method: str, k: int | str):
 
     options = _proposer_options(args)
     check_proposer_options(method, **options)
+    check_head_exists(args, method)  # before the load: a missing head costs no load time
     target, draft = _load_models(args, needs_draft_model(method))
-    proposer = build_proposer(method, draft_runner=draft.runner if draft else None, adaptive=k == "auto", **options)
+    proposer = build_proposer(method, draft_runner=draft.runner if draft else None, adaptive=k == "auto", **options,
+                              **head_options(args, method, target))
     return SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids,
                       max_k=getattr(args, "max_k", 8)), target
+
+
+def check_head_exists(args, method: str) -> None:
+    from specdec.proposers.registry import head_kind
+
+    kind = head_kind(method)
+    if kind is not None:
+        from specdec.models.heads import default_head_path
+
+        location = Path(args.head) if getattr(args, "head", None) else default_head_path(args.target, kind)
+        if not location.is_file():
+            raise FileNotFoundError(f"no trained {kind} head at {location}; train one with: specdec train-head "
+                                    f"--kind {kind} --target {args.target}"
+                                    + (f" --out {location}" if getattr(args, "head", None) else ""))
+
+
+def head_options(args, method: str, target) -> dict:
+    """build_proposer's head arguments for a method that drafts with a trained head (else none)."""
+    from specdec.proposers.registry import head_kind
+
+    kind = head_kind(method)
+    if kind is None:
+        return {}
+    from specdec.models.heads import load_head_for
+
+    head, vocabulary = load_head_for(target, kind, getattr(args, "head", None))
+    return dict(head=head, head_vocabulary=vocabulary, tree_size=getattr(args, "tree_size", None),
+                tree_topk=getattr(args, "tree_topk", 4))
 
 
 def _load_verify_engines(args):
@@ -329,8 +384,14 @@ def cmd_verify(args) -> int:
     return run(args, _load_verify_engines)
 
 
+def cmd_train_head(args) -> int:
+    from specdec.train_cli import cmd_train_head as run
+
+    return run(args, _load_models)
+
+
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "serve": cmd_serve, "bench": cmd_bench,
-            "analyze": cmd_analyze, "verify": cmd_verify, "models": cmd_models}
+            "analyze": cmd_analyze, "verify": cmd_verify, "train-head": cmd_train_head, "models": cmd_models}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,6 +137,9 @@ def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, 
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ngram_args(bench)
+    from specdec.cli import add_head_args
+
+    add_head_args(bench)
 
     analyze = sub.add_parser("analyze", help="measure alpha and c on your models; predicted vs measured speedup",
                              epilog=EPILOG_ANALYZE, formatter_class=raw)
@@ -199,8 +202,11 @@ def cmd_bench(args, load_models) -> int:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
                        draft_k=args.draft_k, draft_confidence=args.draft_confidence)
+        from specdec.cli import check_head_exists
+
         for method in methods:
             check_proposer_options(method, **options)
+            check_head_exists(args, method)
         leniences = _lenience_list(args.lenience)
         grid = method_grid(methods, _k_list(args.k), leniences)
         temperatures = _float_list(args.temperature)
@@ -209,9 +215,12 @@ def cmd_bench(args, load_models) -> int:
         prompts = load_prompts([s.strip() for s in args.prompts.split(",") if s.strip()], args.per_category)
         need_draft = any(needs_draft_model(spec.method) for spec in grid)
         target, draft = load_models(args, need_draft)
+        from specdec.cli import head_options
+
+        heads = {method: head_options(args, method, target) for method in methods}
         engines = {spec: SpecEngine(target.runner,
                                     build_proposer(spec.method, draft_runner=draft.runner if draft else None,
-                                                   adaptive=spec.k == "auto", **options),
+                                                   adaptive=spec.k == "auto", **options, **heads[spec.method]),
                                     target.tokenizer, k=spec.k or 1, eos_token_ids=target.eos_token_ids,
                                     max_k=args.max_k)
                    for spec in grid}

@@ -31,6 +31,8 @@ from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.params import SamplingParams
 from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
+from specdec.sampling.tree import TreeVerifyResult, greedy_verify_tree, sample_verify_tree, tree_attention_mask, \
+    tree_depths
 from specdec.sampling.warp import warp_logits
 
 
@@ -53,6 +55,23 @@ def verify_step(
     target_probs = warp_logits(target_logits, params)  # [B, k+1, V]
     return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator,
                             lenience=params.lenience)
+
+
+def verify_tree_step(
+    proposal: DraftProposal,  # one row, parents set
+    target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each node
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> TreeVerifyResult:
+    """Steps 3-4 for a tree (sampling/tree.py): greedy walk at temperature 0, else
+    recursive rejection over siblings. Exact only: lenience is a chain rule."""
+    if not params.exact:
+        raise ValueError("lenience < 1 applies to chain drafts; tree drafts are verified exactly")
+    tokens, parents = proposal.token_ids[0].tolist(), list(proposal.parents)
+    if params.greedy:
+        return greedy_verify_tree(tokens, parents, target_logits[0].argmax(dim=-1).tolist())
+    draft_probs = None if proposal.probs is None else proposal.probs[0]
+    return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
 
 
 @dataclass
@@ -109,6 +128,9 @@ class SpecEngine:
         self.k = k
         self.adaptive = AdaptiveK(max_k=max_k) if k == "auto" else None
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
+        # The target's features not yet handed to a proposer that reads them ([1, n, H]).
+        self._keeps_hidden = bool(getattr(proposer, "reads_target_hidden", False))
+        self._pending_hidden: torch.Tensor | None = None
 
     # ---- input edge -------------------------------------------------------------------------
 
@@ -175,7 +197,9 @@ class SpecEngine:
         device = self.target.device
         prefix = torch.tensor([ids], dtype=torch.int64, device=device)  # [1, L]
         self._prefill(prefix)
+        prompt_hidden = self._pending_hidden
         for index in range(samples):
+            self._pending_hidden = prompt_hidden
             step_params = replace(params, seed=seed + index)
             generator = step_params.make_generator(device)
             tokens, drawn = prefix, []
@@ -245,9 +269,28 @@ class SpecEngine:
     def _prefill(self, tokens: torch.Tensor) -> None:  # [1, L]
         """A fresh target cache holding every token but the last, which opens the first step."""
         self.target.reset()
+        self._pending_hidden = None
         if tokens.shape[1] > 1:
             positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None]
-            self.target.forward(tokens[:, :-1], positions, last_n_logits=1)
+            output = self.target.forward(tokens[:, :-1], positions, last_n_logits=1)
+            self._keep_hidden(output.hidden, None)
+
+    def _keep_hidden(self, hidden: torch.Tensor | None, inputs: list[int] | None) -> None:
+        """Queue the target's features of the committed inputs (None = all) for the proposer."""
+        if not self._keeps_hidden:
+            return
+        if hidden is None:
+            raise ValueError("this proposer reads the target's hidden states; the target's runner gives none "
+                             "(use the native backend: --backend native)")
+        kept = hidden if inputs is None else hidden[:, inputs]
+        pending = self._pending_hidden
+        self._pending_hidden = kept if pending is None else torch.cat([pending, kept], dim=1)
+
+    def _take_hidden(self, ctx: ProposeContext) -> ProposeContext:
+        if not self._keeps_hidden:
+            return ctx
+        ctx, self._pending_hidden = replace(ctx, target_hidden=self._pending_hidden), None
+        return ctx
 
     def _step(self, ctx: ProposeContext, max_k: int) -> StepOutcome:
         """One speculative step."""
@@ -257,32 +300,46 @@ class SpecEngine:
 
         # 1. Propose.
         if self.proposer is not None and max_k >= 1:
-            proposal = self.proposer.propose(ctx, max_k)
+            proposal = self.proposer.propose(self._take_hidden(ctx), max_k)
         else:
             proposal = DraftProposal.empty(1, device)
         draft_ids = proposal.token_ids.to(device)  # [1, k]
         k = draft_ids.shape[1]
         proposed = time.perf_counter()
 
-        # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k.
+        # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k
+        #    (a tree: at L-1 + depth, each node seeing only its ancestors).
         inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
-        positions = torch.arange(context_len - 1, context_len + k, device=device)[None]
-        target_logits = self.target.forward(inputs, positions).logits  # [1, k+1, V]
+        if proposal.parents is None:
+            positions = torch.arange(context_len - 1, context_len + k, device=device)[None]
+            output = self.target.forward(inputs, positions)
+        else:
+            depths = torch.tensor([0, *tree_depths(proposal.parents)], device=device)
+            output = self.target.forward(inputs, (context_len - 1 + depths)[None],
+                                         among_new=tree_attention_mask(proposal.parents, device)[None])
+        target_logits = output.logits  # [1, k+1, V]
 
-        # 3-4. Warp and verify.
-        result = verify_step(draft_ids, proposal.num_tokens, proposal.probs, target_logits, ctx.params,
-                             ctx.generator)
-
-        # 5. Roll back: keep the last token and the accepted drafts; the new
-        #    final token is not cached yet (it opens the next step).
-        num_accepted = int(result.num_accepted[0])  # host sync: commit code
-        self.target.truncate(torch.tensor([context_len + num_accepted]))
+        # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
+        #    drafts; the new final token is not cached yet (it opens the next step).
+        if proposal.parents is None:
+            result = verify_step(draft_ids, proposal.num_tokens, proposal.probs, target_logits, ctx.params,
+                                 ctx.generator)
+            num_accepted = int(result.num_accepted[0])  # host sync: commit code
+            tokens = result.output_ids[0, : num_accepted + 1].tolist()
+            kept_inputs = list(range(num_accepted + 1))
+            self.target.truncate(torch.tensor([context_len + num_accepted]))
+        else:
+            tree = verify_tree_step(proposal, target_logits, ctx.params, ctx.generator)
+            num_accepted, tokens = tree.num_accepted, tree.output_ids
+            kept_inputs = [0] + [node + 1 for node in tree.path]
+            self.target.keep_path(context_len - 1, kept_inputs[1:])
+        self._keep_hidden(output.hidden, kept_inputs)
         if self.proposer is not None and k > 0:
-            self.proposer.on_verified(result.num_accepted)
+            self.proposer.on_verified(torch.tensor([num_accepted]))
 
         # 6. The caller commits, cutting at EOS / stop / length; 7. adaptive k learns from the step.
         num_draft = int(proposal.num_tokens[0])
-        outcome = StepOutcome(result.output_ids[0, : num_accepted + 1].tolist(), num_draft, num_accepted,
+        outcome = StepOutcome(tokens, num_draft, num_accepted,
                               draft_s=proposed - started, verify_s=time.perf_counter() - proposed)
         if self.adaptive is not None:
             self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,

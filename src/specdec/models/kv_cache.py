@@ -73,6 +73,19 @@ class StaticKVCache:
             raise ValueError(f"rows {start}:{stop} are outside a cache of {len(self.seq_lens)} rows")
         return CacheRows(self, start, stop)
 
+    def keep_path(self, row: int, start: int, offsets: list[int]) -> None:
+        """After a tree forward wrote its inputs at slots start, start+1, ...: keep slot start
+        (the root) and the slots start + offsets (the accepted path, in order) packed
+        right after it, and drop every other draft. The kept keys were computed at
+        their tree positions (prefix + depth), which are exactly their positions on
+        the path, so moving them is all it takes."""
+        if offsets:
+            source = torch.tensor([start + offset for offset in offsets], device=self.keys.device)
+            destination = slice(start + 1, start + 1 + len(offsets))
+            self.keys[:, row, :, destination] = self.keys[:, row, :, source]  # index_select copies first
+            self.values[:, row, :, destination] = self.values[:, row, :, source]
+        self.seq_lens[row] = start + 1 + len(offsets)
+
     def move_row(self, source: int, destination: int) -> None:
         """Copy row source's entries into row destination (whose old entries are dropped)."""
         length = self.seq_lens[source]

@@ -15,6 +15,9 @@ class DraftProposal:
     token_ids: torch.Tensor  # [B, k] int64, padded with -1
     num_tokens: torch.Tensor  # [B] int64; 0 means "no draft"
     probs: torch.Tensor | None  # [B, k, V] warped draft distribution; None = point mass
+    # A tree instead of a chain (one row only): parents[i] is node i's parent, -1 = the
+    # root (the last committed token); topological order (sampling/tree.py). None = a chain.
+    parents: tuple[int, ...] | None = None
 
     @staticmethod
     def empty(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftProposal:
@@ -31,6 +34,11 @@ class ProposeContext:
     params: SamplingParams  # the request's warp; drafts must come from the same warp
     generator: torch.Generator | None  # the request's randomness
     vocab_size: int  # width of the target's logits; draft probs must match it
+    # Only for proposers that read the target's features (reads_target_hidden, the
+    # EAGLE / Medusa heads): [1, n, H] the target's final-norm hidden states of the
+    # committed tokens it has not yet been given, oldest first. The cache holds every
+    # committed token but the last, so after them exactly one token has no feature yet.
+    target_hidden: torch.Tensor | None = None
 
 
 class Proposer(Protocol):
@@ -40,6 +48,9 @@ class Proposer(Protocol):
     only ever keep state derived from committed tokens: on_verified() is where
     it forgets rejected guesses.
     """
+
+    # True for proposers that need ctx.target_hidden (the engine then keeps the target's features).
+    reads_target_hidden: bool = False
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal: ...
 

@@ -14,8 +14,21 @@ METHODS = {
     "draft": "a small draft model proposes k tokens, the target verifies them (Chen et al. Algorithm 2)",
     "ngram": "prompt lookup / LLMA: copy what followed the last n tokens earlier in the context; no draft model",
     "ngram+draft": "n-gram lookup first, the draft model when the lookup finds no match",
+    "eagle": "an EAGLE head (one layer on the target's own hidden states, trained by `specdec train-head`) "
+             "drafts a chain of k tokens",
+    "eagle-tree": "EAGLE-2: the EAGLE head drafts a dynamic tree (--tree-size nodes, depth <= k), verified in one "
+                  "target pass with a tree attention mask",
+    "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
 }
 _NEEDS_DRAFT_MODEL = {"draft", "ngram+draft"}
+_HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "medusa": "medusa"}  # method -> trained head it loads
+DEFAULT_TREE_SIZE = {"eagle-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
+
+
+def head_kind(method: str) -> str | None:
+    """The kind of trained head a method needs ("eagle", "medusa"), or None."""
+    check_method(method)
+    return _HEAD_KIND.get(method)
 
 
 def check_method(method: str) -> None:
@@ -51,6 +64,10 @@ def build_proposer(
     draft_k: int | None = None,
     draft_confidence: float | None = None,
     adaptive: bool = False,
+    head=None,  # models.heads.LoadedHead, for eagle / eagle-tree / medusa
+    head_vocabulary=None,  # models.heads.FrozenVocabulary: the target's embedding and output head
+    tree_size: int | None = None,
+    tree_topk: int = 4,
 ) -> Proposer | None:
     """None means plain decoding: the engine then drafts nothing.
 
@@ -68,12 +85,29 @@ def build_proposer(
 
     if method == "ngram":
         return ngram()
+    if head_kind(method) is not None:
+        return _head_proposer(method, head, head_vocabulary,
+                              DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size, tree_topk)
     if draft_runner is None:
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
     draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None)
     if method == "draft":
         return draft
     return NgramThenDraftProposer(ngram(), draft, draft_k)
+
+
+def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int) -> Proposer:
+    from specdec.proposers.heads import EagleProposer, MedusaProposer
+
+    if head is None or vocabulary is None:
+        raise ValueError(f"method {method!r} needs a trained {head_kind(method)} head (specdec train-head)")
+    if head.config.kind != head_kind(method):
+        raise ValueError(f"method {method!r} needs a {head_kind(method)} head; this checkpoint is {head.config.kind}")
+    if method == "eagle":
+        return EagleProposer(head.module, vocabulary)
+    if method == "eagle-tree":
+        return EagleProposer(head.module, vocabulary, tree_size=max(tree_size, 1), tree_topk=tree_topk)
+    return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 
 
 BATCHED_METHODS = ("autoregressive", "draft", "ngram")  # what the batched engine (the server) runs

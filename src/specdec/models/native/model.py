@@ -188,6 +188,8 @@ class NativeDecoder(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """token_ids, positions [B, T] -> (logits [B, T', V_head] fp32, hidden [B, T, H]); T' = last_n_logits or T.
 
+        hidden is the final norm's output, the features the output head reads (what
+        EAGLE's head predicts, Li et al. 2024, arXiv 2401.15077), for all T tokens.
         Writes the T new keys/values after each row's cached ones and advances the cache.
         """
         steps = token_ids.shape[1]
@@ -200,6 +202,5 @@ class NativeDecoder(nn.Module):
             x = block(x, cos, sin, cache, layer, key_length, mask)
         cache.advance(steps)
         hidden = self.norm(x)
-        if last_n_logits:
-            hidden = hidden[:, -last_n_logits:]
-        return self.head(hidden).float(), x
+        scored = hidden[:, -last_n_logits:] if last_n_logits else hidden
+        return self.head(scored).float(), hidden

@@ -78,6 +78,13 @@ class NativeRunner:
             lengths = lengths * len(cache.seq_lens)
         cache.truncate([min(new, old) for new, old in zip(lengths, cache.seq_lens)])
 
+    def keep_path(self, start: int, offsets: list[int]) -> None:
+        """Tree verification's rollback (one row): keep the root at slot start and the
+        accepted path's inputs (offsets from start, root excluded), packed after it."""
+        if self.batch_size != 1:
+            raise ValueError("tree verification runs one request at a time")
+        self.cache.keep_path(0, start, offsets)
+
     def move_row(self, source: int, destination: int) -> None:
         self.cache.move_row(source, destination)
 

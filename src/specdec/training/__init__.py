@@ -1,0 +1,1 @@
+"""Training draft heads (EAGLE, Medusa) on a frozen target."""

@@ -1,0 +1,59 @@
+"""The text a draft head learns from: what ships with Python itself, shaped like chat answers.
+
+EAGLE and Medusa train on conversations (ShareGPT) and Medusa-2 on the
+target's own answers; neither is here offline, and generating answers with a
+1.5B target on a CPU runs at a few tokens a second. What every install has is
+Python's standard library: its source (code, as the coder target writes) and
+pydoc's topic texts (the language reference in English prose). Each document
+becomes one chat turn, a question and the document as the assistant's
+answer, so the head also learns the chat template's tokens. The bench
+prompts (HumanEval, MT-bench) are deliberately not used: that would be
+training on the test set.
+"""
+
+from __future__ import annotations
+
+import random
+import sysconfig
+from pathlib import Path
+
+
+def stdlib_documents(max_chars: int = 6000) -> list[tuple[str, str]]:
+    """(question, answer) pairs: pydoc topics and standard-library modules, cut to max_chars."""
+    import pydoc_data.topics
+
+    documents = [(f"Explain the Python topic '{name}'.", text.strip()[:max_chars])
+                 for name, text in sorted(pydoc_data.topics.topics.items()) if len(text.strip()) > 200]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.glob("*.py")):
+        source = path.read_text(encoding="utf-8", errors="replace").strip()
+        if len(source) > 500:
+            documents.append((f"Show me the source of Python's {path.stem} module.",
+                              f"```python\n{source[:max_chars]}\n```"))
+    return documents
+
+
+def chat_texts(tokenizer, documents: list[tuple[str, str]], seed: int = 0) -> list[str]:
+    """Each pair through the tokenizer's chat template (plain text when it has none), shuffled."""
+    texts = []
+    for question, answer in documents:
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        try:
+            texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+        except (AttributeError, ValueError):
+            texts.append(f"{question}\n\n{answer}")
+    random.Random(seed).shuffle(texts)
+    return texts
+
+
+def token_chunks(tokenizer, texts: list[str], seq_len: int, max_tokens: int) -> list[list[int]]:
+    """Fixed-length windows of seq_len tokens (documents cut, short tails dropped), up to max_tokens."""
+    chunks: list[list[int]] = []
+    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        for start in range(0, len(ids) - seq_len // 4, seq_len):
+            window = ids[start: start + seq_len]
+            if len(window) == seq_len:
+                chunks.append(window)
+            if len(chunks) * seq_len >= max_tokens:
+                return chunks
+    return chunks

@@ -1,0 +1,259 @@
+"""Train an EAGLE or Medusa head on a frozen target: features once, then the head's loss.
+
+1. Features (extract_features): the target reads every training window once
+   (a prefill, no generation) and its final-norm hidden states are stored
+   with the tokens as safetensors shards. Both heads learn only from these,
+   so training never runs the 1.5B target again and a second run reuses them.
+2. Loss, as in the papers:
+   EAGLE (Li et al. 2024, Section 4.2): smooth L1 between the predicted
+   feature f^_{j+1} and the target's f_{j+1}, plus 0.1 x the cross-entropy
+   of the head's token distribution against the target's own distribution
+   at j+1 (both through the output head); the input features get uniform
+   noise U(-0.1, 0.1) so the head copes with its own imperfect predictions
+   when drafting autoregressively.
+   Medusa (Cai et al. 2024, Section 2.1.2): the cross-entropy of head d
+   against the token d+1 steps ahead, weighted 0.8^(d-1).
+3. Checkpoints: the head's weights as safetensors (what --method eagle and
+   medusa load) with the step, losses and held-out accuracies in its
+   metadata, and the optimizer beside it (.opt.pt), so an interrupted run
+   resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
+
+
+@dataclass
+class TrainOptions:
+    steps: int = 600
+    batch_size: int = 4  # windows per step
+    lr: float = 3e-4
+    warmup: int = 30
+    weight_decay: float = 0.0
+    noise: float = 0.1  # EAGLE's U(-noise, noise) on input features
+    classification_weight: float = 0.1  # EAGLE's w_cls
+    medusa_decay: float = 0.8  # Medusa's lambda_d = decay^(d-1)
+    grad_clip: float = 0.5
+    checkpoint_every: int = 100
+    heldout_windows: int = 16
+    seed: int = 0
+
+
+# ---- 1. features ----------------------------------------------------------------------------
+
+SHARD = 32  # windows per features file
+
+
+@torch.inference_mode()
+def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: bool = True) -> list[Path]:
+    """Run the target over each window once; shards of {"tokens" [n, T] int32, "features" [n, T, H]}.
+
+    Resumable: a shard already on disk is kept (its windows are the same, given the same corpus options).
+    """
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards = []
+    bar = tqdm(total=len(chunks), desc="target features", unit="window", disable=not progress, file=sys.stderr)
+    for first in range(0, len(chunks), SHARD):
+        path = out_dir / f"shard-{first // SHARD:05d}.safetensors"
+        batch = chunks[first: first + SHARD]
+        shards.append(path)
+        if path.is_file():
+            bar.update(len(batch))
+            continue
+        features = []
+        for window in batch:
+            runner.reset()
+            ids = torch.tensor([window], device=runner.device)
+            output = runner.forward(ids, torch.arange(len(window), device=runner.device)[None], last_n_logits=1)
+            features.append(output.hidden[0].to(torch.bfloat16).cpu())
+            bar.update(1)
+        partial = path.with_suffix(".partial")
+        save_file({"tokens": torch.tensor(batch, dtype=torch.int32), "features": torch.stack(features)},
+                  str(partial))
+        partial.replace(path)
+    bar.close()
+    runner.reset()
+    return shards
+
+
+def load_features(shards: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [N, T] int64, features [N, T, H] bf16) from all shards."""
+    from safetensors.torch import load_file
+
+    loaded = [load_file(str(path)) for path in shards]
+    return (torch.cat([part["tokens"] for part in loaded]).long(),
+            torch.cat([part["features"] for part in loaded]))
+
+
+# ---- 2. losses ------------------------------------------------------------------------------
+
+def reduced_ids(tokens: torch.Tensor, vocab: FrozenVocabulary) -> torch.Tensor:
+    """Target ids -> positions in the head's vocabulary; -100 (ignored) for ids outside it."""
+    lookup = torch.full((vocab.embedding.shape[0],), -100, dtype=torch.int64, device=tokens.device)
+    lookup[vocab.vocab_ids] = torch.arange(len(vocab.vocab_ids), device=tokens.device)
+    return lookup[tokens]
+
+
+def eagle_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+               options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """tokens [B, T], features [B, T, H] -> (loss, {"regression", "classification", "top1"})."""
+    inputs = features[:, :-1].float()  # f_j
+    if options.noise:
+        inputs = inputs + (torch.rand(inputs.shape, generator=generator, device=inputs.device) * 2 - 1) * options.noise
+    positions = torch.arange(inputs.shape[1], device=tokens.device)[None].expand(tokens.shape[0], -1)
+    predicted = head(inputs, vocab.embed(tokens[:, 1:]).float(), positions)  # f^_{j+1} [B, T-1, H]
+    wanted = features[:, 1:].float()  # f_{j+1}
+    regression = nn.functional.smooth_l1_loss(predicted, wanted)
+    head_logits = vocab.logits(predicted.float())
+    with torch.no_grad():
+        target_probs = torch.softmax(vocab.logits(wanted), dim=-1)  # the target's own next-token distribution
+    classification = -(target_probs * torch.log_softmax(head_logits, dim=-1)).sum(-1).mean()
+    loss = regression + options.classification_weight * classification
+    with torch.no_grad():
+        top1 = (head_logits.argmax(-1) == target_probs.argmax(-1)).float().mean()
+    return loss, {"regression": float(regression.detach()), "classification": float(classification.detach()),
+                  "top1": float(top1)}
+
+
+def medusa_loss(heads, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+                options: TrainOptions) -> tuple[torch.Tensor, dict]:
+    """Head d (1-based) on f_j against t_{j+1+d}; returns (loss, {"ce_d", "top1_d"})."""
+    labels = reduced_ids(tokens, vocab)
+    per_head = heads(features.float())  # [B, T, m, H]
+    loss = torch.zeros((), device=tokens.device)
+    stats = {}
+    for index in range(per_head.shape[2]):
+        ahead = index + 2  # head 1 predicts t_{j+2}
+        logits = vocab.logits(per_head[:, :-ahead, index])  # [B, T-ahead, N]
+        wanted = labels[:, ahead:]
+        ce = nn.functional.cross_entropy(logits.flatten(0, 1), wanted.flatten(), ignore_index=-100)
+        loss = loss + options.medusa_decay ** index * ce
+        with torch.no_grad():
+            valid = wanted >= 0
+            stats[f"top1_{index + 1}"] = float(((logits.argmax(-1) == wanted) & valid).sum() / valid.sum().clamp_min(1))
+        stats[f"ce_{index + 1}"] = float(ce.detach())
+    return loss, stats
+
+
+@torch.no_grad()
+def rank_accuracies(kind: str, head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+                    topk: int = 8) -> list[list[float]]:
+    """Held-out, teacher-forced: how often the right token is the head's i-th choice, per depth.
+
+    EAGLE has one depth (the target's top-1 at j+2 from f_j); Medusa one per head.
+    These size Medusa's static tree (proposers/heads.py: medusa_tree).
+    """
+    if kind == "eagle":
+        positions = torch.arange(tokens.shape[1] - 1)[None].expand(tokens.shape[0], -1)
+        predicted = head(features[:, :-1].float(), vocab.embed(tokens[:, 1:]).float(), positions)
+        logits = [vocab.logits(predicted)]
+        wanted = [vocab.logits(features[:, 1:].float()).argmax(-1)]
+    else:
+        labels = reduced_ids(tokens, vocab)
+        per_head = head(features.float())  # [B, T, m, H]
+        logits = [vocab.logits(per_head[:, :-(d + 2), d]) for d in range(per_head.shape[2])]
+        wanted = [labels[:, d + 2:] for d in range(per_head.shape[2])]
+    accuracies = []
+    for depth_logits, depth_wanted in zip(logits, wanted):
+        ranked = torch.topk(depth_logits, topk, dim=-1).indices  # [B, T', topk]
+        hits = ranked == depth_wanted[..., None]
+        valid = (depth_wanted >= 0).sum().clamp_min(1)
+        accuracies.append([round(float(hits[..., i].sum() / valid), 4) for i in range(topk)])
+    return accuracies
+
+
+# ---- 3. the loop ----------------------------------------------------------------------------
+
+def _lr_at(step: int, options: TrainOptions) -> float:
+    """Linear warmup, then cosine decay to a tenth."""
+    if step < options.warmup:
+        return options.lr * (step + 1) / options.warmup
+    progress = (step - options.warmup) / max(1, options.steps - options.warmup)
+    return options.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+               checkpoint: Path, options: TrainOptions, *, device: torch.device, progress: bool = True,
+               log=print) -> dict:
+    """Train (or resume) a head; returns the final checkpoint's extra metadata."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(options.seed)
+    heldout = min(options.heldout_windows, max(1, tokens.shape[0] // 10))
+    train_tokens, train_features = tokens[heldout:], features[heldout:]
+    test_tokens, test_features = tokens[:heldout].to(device), features[:heldout].to(device)
+    if train_tokens.shape[0] == 0:
+        raise ValueError("not enough training windows: raise --max-tokens or lower --seq-len")
+
+    head = build_head(config).to(device)
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=options.lr,
+                                  weight_decay=options.weight_decay, betas=(0.9, 0.95))
+    start, history = 0, []
+    optimizer_file = checkpoint.with_suffix(".opt.pt")
+    if checkpoint.is_file() and optimizer_file.is_file():
+        previous = load_head(checkpoint, device=device)
+        if previous.config.kind == config.kind and previous.extra.get("steps_total") == options.steps:
+            head.load_state_dict(previous.module.state_dict())
+            optimizer.load_state_dict(torch.load(optimizer_file, map_location=device))
+            start, history = int(previous.extra.get("step", 0)), list(previous.extra.get("history", []))
+            log(f"resuming {checkpoint.name} at step {start}/{options.steps}")
+
+    # Batches and noise depend only on (seed, step), so a resumed run repeats an uninterrupted one.
+    order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(options.seed))
+    autocast = device.type == "cuda" or _cpu_bf16()
+    started = time.perf_counter()
+    bar = tqdm(range(start, options.steps), desc=f"train {config.kind}", initial=start, total=options.steps,
+               disable=not progress, file=sys.stderr)
+    extra: dict = {}
+    for step in bar:
+        picks = [int(order[(step * options.batch_size + i) % len(order)]) for i in range(options.batch_size)]
+        batch_tokens = train_tokens[picks].to(device)
+        batch_features = train_features[picks].to(device)
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, options)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            if config.kind == "eagle":
+                noise = torch.Generator(device=device).manual_seed(options.seed * 1_000_003 + step)
+                loss, stats = eagle_loss(head, vocab, batch_tokens, batch_features, options, noise)
+            else:
+                loss, stats = medusa_loss(head, vocab, batch_tokens, batch_features, options)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(head.parameters(), options.grad_clip)
+        optimizer.step()
+        history.append({"step": step + 1, "loss": round(float(loss.detach()), 4), **{k: round(v, 4) for k, v in stats.items()}})
+        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", **{k: f"{v:.3f}" for k, v in stats.items() if "top1" in k})
+        done = step + 1
+        if done % options.checkpoint_every == 0 or done == options.steps:
+            head.eval()
+            accuracies = rank_accuracies(config.kind, head, vocab, test_tokens, test_features)
+            head.train()
+            extra = {"step": done, "steps_total": options.steps, "history": history[-200:],
+                     "heldout_accuracies": accuracies, "train_seconds": round(time.perf_counter() - started, 1),
+                     "windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
+            final = HeadConfig(**{**config.__dict__, "accuracies": accuracies})
+            save_head(checkpoint, head, final, vocab.vocab_ids, extra)
+            torch.save(optimizer.state_dict(), optimizer_file)
+            log(f"step {done}: loss {history[-1]['loss']:.4f}, held-out top-1 by depth "
+                f"{', '.join(f'{row[0]:.2f}' for row in accuracies)} -> {checkpoint}")
+    bar.close()
+    return extra
+
+
+def _cpu_bf16() -> bool:
+    from specdec.models.loader import cpu_has_fast_bf16
+
+    return cpu_has_fast_bf16()

@@ -1,0 +1,239 @@
+"""EAGLE and Medusa heads on a tiny target: training lowers the loss and resumes exactly;
+drafting with them (chains and trees) is lossless: greedy equals plain decoding, sampling
+keeps the target's distribution."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_model, make_native
+
+from specdec.analysis.lossless import distribution_tests
+from specdec.engine import SpecEngine
+from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, frozen_vocabulary, load_head, save_head
+from specdec.models.hf import HFRunner
+from specdec.proposers.heads import EagleProposer, MedusaProposer, medusa_tree
+from specdec.proposers.registry import build_proposer
+from specdec.sampling import SamplingParams
+from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
+
+PROMPTS = [[5, 9, 12, 3, 7], [20, 21, 22, 23], [2, 8, 8, 8, 30, 31, 2]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny target with a peaked output (top-1 mass ~0.6, like a real LM's), so its text is learnable."""
+    model = make_model(seed=0)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(5.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def target(model):
+    return make_native(model)
+
+
+@pytest.fixture(scope="module")
+def vocab(model):
+    """The tiny target's embedding and (untied) output head, all 64 tokens."""
+    return FrozenVocabulary(model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+                            torch.arange(model.config.vocab_size))
+
+
+@pytest.fixture(scope="module")
+def windows(target, tmp_path_factory):
+    """The target's own sampled text (what EAGLE and Medusa-2 train on), 48 windows of 48 tokens."""
+    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    chunks = []
+    for index in range(48):
+        start = [2 + index % 30, 2 + (index * 7) % 30]
+        result = plain.generate(start, SamplingParams(temperature=0.7, seed=index), max_new_tokens=46)
+        chunks.append(start + result.token_ids)
+    shards = extract_features(target, chunks, tmp_path_factory.mktemp("features"), progress=False)
+    return load_features(shards)
+
+
+def _train(kind, target, vocab, windows, path, steps=60, **options):
+    tokens, features = windows
+    config = HeadConfig.for_target(kind, target.decoder.config, num_medusa_heads=3)
+    train_options = TrainOptions(steps=steps, lr=1e-2, warmup=5, checkpoint_every=steps, heldout_windows=8,
+                                 **options)
+    extra = train_head(config, vocab, tokens, features, path, train_options, device=torch.device("cpu"),
+                       progress=False, log=lambda message: None)
+    return extra, load_head(path)
+
+
+@pytest.fixture(scope="module")
+def eagle(target, vocab, windows, tmp_path_factory):
+    return _train("eagle", target, vocab, windows, tmp_path_factory.mktemp("eagle") / "eagle.safetensors")
+
+
+@pytest.fixture(scope="module")
+def medusa(target, vocab, windows, tmp_path_factory):
+    return _train("medusa", target, vocab, windows, tmp_path_factory.mktemp("medusa") / "medusa.safetensors")
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_training_lowers_the_loss_and_beats_chance(kind, eagle, medusa, target):
+    extra, head = eagle if kind == "eagle" else medusa
+    losses = [row["loss"] for row in extra["history"]]
+    assert _mean(losses[-10:]) < 0.8 * _mean(losses[:5]), losses
+    top1 = head.config.accuracies[0][0]  # held-out, teacher-forced, depth 1
+    assert top1 > 5 / target.vocab_size  # chance is 1 / 64
+    assert extra["step"] == 60 and head.config.kind == kind
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(target, vocab, windows, tmp_path):
+    """Stop at the step-10 checkpoint, run the same command again: the weights equal an uninterrupted run's."""
+    _, whole = _train("eagle", target, vocab, windows, tmp_path / "whole.safetensors", steps=20)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_at_first_checkpoint(message):
+        raise Interrupt(message)
+
+    tokens, features = windows
+    config = HeadConfig.for_target("eagle", target.decoder.config)
+    options = TrainOptions(steps=20, lr=1e-2, warmup=5, checkpoint_every=10, heldout_windows=8)
+    path = tmp_path / "resumed.safetensors"
+    with pytest.raises(Interrupt):
+        train_head(config, vocab, tokens, features, path, options, device=torch.device("cpu"), progress=False,
+                   log=stop_at_first_checkpoint)
+    assert load_head(path).extra["step"] == 10
+    messages = []
+    train_head(config, vocab, tokens, features, path, options, device=torch.device("cpu"), progress=False,
+               log=messages.append)
+    assert messages[0].startswith("resuming") and "step 10/20" in messages[0]
+    resumed = load_head(path)
+    for name, weight in whole.module.state_dict().items():
+        assert torch.equal(weight, resumed.module.state_dict()[name]), name
+
+
+def _proposers(eagle, medusa, vocab):
+    return {
+        "eagle chain": lambda: EagleProposer(eagle[1].module, vocab),
+        "eagle tree": lambda: EagleProposer(eagle[1].module, vocab, tree_size=8, tree_topk=3),
+        "medusa chain": lambda: MedusaProposer(medusa[1].module, vocab),
+        "medusa tree": lambda: MedusaProposer(medusa[1].module, vocab, tree_size=8,
+                                              accuracies=medusa[1].config.accuracies),
+    }
+
+
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa chain", "medusa tree"])
+def test_greedy_with_a_head_is_plain_greedy(name, target, vocab, eagle, medusa):
+    proposer = _proposers(eagle, medusa, vocab)[name]()
+    spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
+    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    accepted = 0
+    for prompt in PROMPTS:
+        result = spec.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40)
+        assert result.token_ids == plain.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40).token_ids
+        accepted += result.stats.accepted_tokens
+    assert accepted > 10  # the head's drafts were really used, not all rejected
+
+
+class PathCounter:
+    """Wraps a proposer; counts steps where more than one drafted token was accepted."""
+
+    reads_target_hidden = True
+
+    def __init__(self, inner):
+        self.inner, self.accepted = inner, []
+
+    def reset(self):
+        self.inner.reset()
+
+    def propose(self, ctx, max_k):
+        return self.inner.propose(ctx, max_k)
+
+    def on_verified(self, num_accepted):
+        self.accepted.append(int(num_accepted[0]))
+        self.inner.on_verified(num_accepted)
+
+
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa tree"])
+def test_sampling_with_a_head_keeps_the_target_distribution(name, target, vocab, eagle, medusa):
+    """1000 speculative draws at T=0.8 against 1000 plain ones: first token and first two tokens."""
+    params = SamplingParams(temperature=0.8)
+    proposer = PathCounter(_proposers(eagle, medusa, vocab)[name]())
+    spec = SpecEngine(target, proposer, None, k=3, eos_token_ids=frozenset())
+    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    prompt = PROMPTS[0]
+    spec_draws = list(spec.sample_continuations(prompt, params, 1000))
+    plain_draws = list(plain.sample_continuations(prompt, params, 1000, seed=10_000))
+    # Acceptances really happen (Medusa's tiny heads are right less often: one level is what they reach).
+    deep = 2 if name.startswith("eagle") else 1
+    assert sum(n >= deep for n in proposer.accepted) > 50, proposer.accepted
+    tests = distribution_tests(spec_draws, plain_draws)
+    assert all(t.dof >= 3 for t in tests)
+    assert min(t.p_value for t in tests) > 1e-4, tests
+
+
+def test_an_eagle_tree_is_a_proper_tree_within_its_budget(target, vocab, eagle):
+    from specdec.proposers.base import ProposeContext
+
+    proposer = EagleProposer(eagle[1].module, vocab, tree_size=9, tree_topk=3)
+    engine = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
+    engine.generate(PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=3)  # primes the head's cache
+    tokens = torch.tensor([PROMPTS[0] + [1, 2, 3]])
+    proposer.reset()
+    output = target.forward(tokens[:, :-1], torch.arange(tokens.shape[1] - 1)[None])
+    target.reset()
+    ctx = ProposeContext(tokens, SamplingParams(), None, target.vocab_size, target_hidden=output.hidden)
+    proposal = proposer.propose(ctx, 4)
+    parents = proposal.parents
+    assert len(parents) == 9 and proposal.token_ids.shape == (1, 9)
+    assert all(-1 <= p < i for i, p in enumerate(parents))
+    assert max(parents) >= 0  # deeper than one layer
+    siblings = {}
+    for node, parent in enumerate(parents):
+        siblings.setdefault(parent, []).append(int(proposal.token_ids[0, node]))
+    assert all(len(set(group)) == len(group) for group in siblings.values())  # no token twice under a parent
+    assert proposer.cache.length == proposer.committed  # drafts left nothing behind
+
+
+def test_medusa_tree_keeps_the_most_likely_paths():
+    assert medusa_tree([[.6, .2], [.4, .1]], 3, 2) == [(0,), (0, 0), (1,)]
+    assert medusa_tree([[.6, .2], [.4, .1]], 10, 1) == [(0,), (1,)]  # depth-limited
+    paths = medusa_tree([[.5, .3, .1], [.5, .2, .1], [.4, .1, .1]], 8, 3)
+    assert all(path[:-1] in paths for path in paths if len(path) > 1)  # ancestor-closed
+
+
+def test_bad_checkpoints_and_mismatched_methods_are_clear_errors(tmp_path, eagle, vocab, target):
+    with pytest.raises(FileNotFoundError, match="no head checkpoint"):
+        load_head(tmp_path / "missing.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="not a specdec head"):
+        load_head(tmp_path / "other.safetensors")
+    with pytest.raises(ValueError, match="needs a medusa head"):
+        build_proposer("medusa", head=eagle[1], head_vocabulary=vocab)
+    with pytest.raises(ValueError, match="needs a trained eagle head"):
+        build_proposer("eagle")
+    with pytest.raises(ValueError, match="unknown head kind"):
+        HeadConfig(kind="hydra", hidden_size=4, target_vocab_size=8)
+
+
+def test_a_head_needs_the_targets_hidden_states(eagle, vocab):
+    """The transformers runner gives no hidden states: one clear error, not a crash deep inside."""
+    engine = SpecEngine(HFRunner(make_model(seed=0)), EagleProposer(eagle[1].module, vocab), None, k=3,
+                        eos_token_ids=frozenset())
+    with pytest.raises(ValueError, match="native backend"):
+        engine.generate(PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=5)
+
+
+def test_save_and_load_round_trip(tmp_path, target):
+    config = HeadConfig.for_target("medusa", target.decoder.config, num_medusa_heads=2)
+    head = build_head(config)
+    torch.nn.init.normal_(head.blocks[0].weight)
+    save_head(tmp_path / "m.safetensors", head, config, torch.arange(10), {"step": 3})
+    loaded = load_head(tmp_path / "m.safetensors")
+    assert loaded.config == config and loaded.extra == {"step": 3} and torch.equal(loaded.vocab_ids, torch.arange(10))
+    assert torch.equal(loaded.module.blocks[0].weight, head.blocks[0].weight)
