@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; see constraints.txt (users elsewhere just need torch>=2.4).
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test test-fast models install dev bench-assisted clean
+.PHONY: demo test test-fast models heads install dev bench-assisted clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ models: install
 
 demo: models
 	$(BIN)/specdec demo
+
+# The EAGLE and Medusa heads for the embedded target (--method eagle, eagle-tree, medusa):
+# trained here, once, into the models' cache (resumable; see `specdec train-head --help`).
+heads: models
+	$(BIN)/specdec train-head --kind eagle
+	$(BIN)/specdec train-head --kind medusa
 
 test: dev models
 	$(BIN)/python -m pytest -q

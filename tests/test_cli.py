@@ -170,3 +170,39 @@ def test_help_labels_lenience_as_lossy(capsys):
         main(["generate", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "LOSSY" in help_text and "auto" in help_text and "Still lossless" in help_text
+
+
+def test_train_head_then_generate_with_it_matches_plain(capsys, model_dirs, tmp_path):
+    """train-head end to end on the tiny target (a few steps), then every head method, greedy == plain."""
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "24", "--json", "hello world"]
+    _, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    plain = json.loads(out)["token_ids"]
+    for kind, methods in (("eagle", ["eagle", "eagle-tree"]), ("medusa", ["medusa"])):
+        head = tmp_path / f"{kind}.safetensors"
+        code, _, err = run(capsys, "train-head", "--kind", kind, "--target", model_dirs["target"], "--out", str(head),
+                           "--max-tokens", "2048", "--seq-len", "64", "--steps", "6", "--checkpoint-every", "3")
+        assert code == 0, err
+        assert head.is_file() and "step 6" in err and "resuming" not in err
+        for method in methods:
+            code, out, err = run(capsys, "generate", "--method", method, "--head", str(head), "-k", "3",
+                                 "--tree-size", "5", *common)
+            assert code == 0, err
+            assert json.loads(out)["token_ids"] == plain
+        code, _, err = run(capsys, "train-head", "--kind", kind, "--target", model_dirs["target"], "--out", str(head),
+                           "--max-tokens", "2048", "--seq-len", "64", "--steps", "6")
+        assert code == 0 and "resuming" in err  # the same command again finds the finished run
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--method", "eagle", "--head", "/no/such/head.safetensors", "hi"], "no trained eagle head"),
+    (["generate", "--method", "medusa", "--target", "no-such-model", "hi"], "specdec train-head --kind medusa"),
+])
+def test_a_missing_head_is_one_clear_line_before_any_load(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert "loading target" not in err
+
+
+def test_train_head_refuses_the_transformers_backend(capsys, model_dirs):
+    code, _, err = run(capsys, "train-head", "--kind", "eagle", "--target", model_dirs["target"], "--backend", "hf")
+    assert code == 2 and "native backend" in err

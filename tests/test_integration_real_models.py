@@ -107,3 +107,47 @@ def test_draft_with_another_tokenizer_is_refused(qwen_pair):
     smol = load_model("smollm2-135m", device="cpu", progress=False)
     with pytest.raises(ValueError, match="tokenizer is incompatible"):
         check_same_vocabulary(target.tokenizer, smol.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def quick_eagle(qwen_pair, tmp_path_factory):
+    """An EAGLE head for the real target trained in seconds on a few windows of the training corpus
+    (a narrow layer, an 8k-token head vocabulary): weak, but its drafts get accepted on text like
+    what it saw, which is all greedy equality needs to exercise chains, trees and compaction."""
+    from specdec.models.heads import HeadConfig, frozen_vocabulary
+    from specdec.models.native.reduced_vocab import frequent_token_ids
+    from specdec.training.corpus import chat_texts, stdlib_documents, token_chunks
+    from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
+
+    target, _ = qwen_pair
+    chunks = token_chunks(target.tokenizer, chat_texts(target.tokenizer, stdlib_documents()[:40]), 96, 96 * 10)
+    tokens, features = load_features(extract_features(target.runner, chunks, tmp_path_factory.mktemp("f"),
+                                                      progress=False))
+    vocab = frozen_vocabulary(target.runner, target.path, frequent_token_ids(target.tokenizer, 8192, 151936),
+                              torch.float32)
+    config = HeadConfig.for_target("eagle", target.runner.decoder.config, intermediate_size=512)
+    path = tmp_path_factory.mktemp("head") / "eagle.safetensors"
+    train_head(config, vocab, tokens, features, path, TrainOptions(steps=40, lr=2e-3, checkpoint_every=40,
+                                                                   heldout_windows=1),
+               device=torch.device("cpu"), progress=False, log=lambda message: None)
+    return path, chunks
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
+def test_real_target_eagle_greedy_equals_plain(qwen_pair, quick_eagle, method):
+    from specdec.models.heads import load_head_for
+    from specdec.proposers.registry import build_proposer
+
+    target, _ = qwen_pair
+    path, chunks = quick_eagle
+    head, vocabulary = load_head_for(target, "eagle", path)
+    proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)
+    eos = target.eos_token_ids
+    plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=eos)
+    spec = SpecEngine(target.runner, proposer, target.tokenizer, k=4, eos_token_ids=eos)
+    params = SamplingParams(temperature=0)
+    prompt = chunks[1][:64]  # text like the head's training windows
+    reference = plain.generate(prompt, params, max_new_tokens=24)
+    out = spec.generate(prompt, params, max_new_tokens=24)
+    assert out.token_ids == reference.token_ids
+    assert out.stats.accepted_tokens > 0

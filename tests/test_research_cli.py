@@ -173,3 +173,36 @@ def test_verify_passes_the_engine_with_auto_k(capsys, model_dirs):
                           "--prompt", "the cat sat", "--greedy-prompts", "1", "--max-new-tokens", "16")
     assert code == 0, text + err
     assert "PASS  first token" in text and "greedy check: 1/1" in text and "PASSED" in text
+
+
+@pytest.fixture(scope="module")
+def trained_heads(model_dirs, tmp_path_factory):
+    """EAGLE and Medusa heads for the tiny target, a few steps of `specdec train-head` each."""
+    root = tmp_path_factory.mktemp("heads")
+    paths = {}
+    for kind in ("eagle", "medusa"):
+        paths[kind] = str(root / f"{kind}.safetensors")
+        assert main(["train-head", "--kind", kind, "--target", model_dirs["target"], "--out", paths[kind],
+                     "--max-tokens", "2048", "--seq-len", "64", "--steps", "4"]) == 0
+    return paths
+
+
+def test_bench_runs_the_head_methods_and_checks_their_greedy_output(capsys, model_dirs, trained_heads, tmp_path):
+    out = tmp_path / "heads"
+    for kind, methods in (("eagle", "eagle,eagle-tree"), ("medusa", "medusa")):
+        code, text, err = run(capsys, "bench", "--target", model_dirs["target"], "--prompts", model_dirs["prompts"],
+                              "--methods", methods, "--head", trained_heads[kind], "--tree-size", "5", "--k", "3",
+                              "--max-new-tokens", "12", "--out", str(out / kind), "--quiet")
+        assert code == 0, err
+        report = json.loads((out / kind / "report.json").read_text())
+        assert report["greedy_equality"] and all(cell["identical"] == cell["total"] == 2
+                                                 for cell in report["greedy_equality"].values())
+
+
+def test_verify_passes_an_eagle_tree(capsys, model_dirs, trained_heads):
+    code, text, err = run(capsys, "verify", "--target", model_dirs["target"], "--method", "eagle-tree",
+                          "--head", trained_heads["eagle"], "--tree-size", "6", "-k", "3", "--samples", "300",
+                          "--temperature", "0.6", "--prompt", "the cat sat", "--greedy-prompts", "1",
+                          "--max-new-tokens", "16")
+    assert code == 0, text + err
+    assert "PASSED" in text

@@ -27,6 +27,8 @@ examples:
   specdec generate --temperature 0.7 --lenience 0.5 --chat "Write a haiku."   # LOSSY: faster, not exact
   specdec generate --method ngram+draft -k 8 --draft-k 4 --chat "Summarise: ..."
   specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
+  specdec train-head --kind eagle && specdec generate --method eagle-tree --stats --chat "..."
+  specdec generate --method medusa --tree-size 8 --temperature 0.7 --typical-acceptance --chat "..."  # LOSSY
 
 Models are names from `specdec models list` (converted on first use) or local
 Hugging Face model directories. The draft must share the target's tokenizer.
@@ -37,6 +39,9 @@ At temperature 0 the output is token for token the target's greedy output;
 at temperature > 0 it follows exactly the target's (warped) distribution.
 -k auto keeps that guarantee (it only changes how many tokens are drafted);
 --lenience below 1 gives it up for speed.
+eagle, eagle-tree and medusa draft with heads trained on the target's own hidden
+states (`specdec train-head`); trees are verified in one target pass and stay
+lossless; --typical-acceptance gives that up for more accepted tokens.
 """
 
 
@@ -181,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x top probability; 0 = off")
     gen.add_argument("--seed", type=int, default=None, help="seed of the request's random generator")
     gen.add_argument("--lenience", type=_lenience, default=1.0, metavar="L", help=LENIENCE_HELP)
+    gen.add_argument("--typical-acceptance", action="store_true",
+                     help="LOSSY (Medusa, Cai et al. 2024): at temperature > 0 keep a drafted token when the "
+                          "target gives it more than min(0.09, 0.3 exp(-entropy)), so unsure targets accept more; "
+                          "the output no longer follows the target's distribution. For chains and trees "
+                          "(default: off = exact)")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128, help="default: 128")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable); not included in the output")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
@@ -311,7 +321,8 @@ def _format_stats(stats) -> str:
 def cmd_generate(args) -> int:
     from specdec.sampling import SamplingParams
 
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed, args.lenience)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed, args.lenience,
+                            args.typical_acceptance)
     engine, _ = _load_engine(args, args.method, args.k)
     prompt_kwargs = dict(max_new_tokens=args.max_new_tokens, stop=args.stop, chat=args.chat)
     if args.json:

@@ -217,7 +217,7 @@ def cmd_bench(args, load_models) -> int:
         target, draft = load_models(args, need_draft)
         from specdec.cli import head_options
 
-        heads = {method: head_options(args, method, target) for method in methods}
+        heads = {spec.method: head_options(args, spec.method, target) for spec in grid}
         engines = {spec: SpecEngine(target.runner,
                                     build_proposer(spec.method, draft_runner=draft.runner if draft else None,
                                                    adaptive=spec.k == "auto", **options, **heads[spec.method]),

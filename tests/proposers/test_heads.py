@@ -237,3 +237,21 @@ def test_save_and_load_round_trip(tmp_path, target):
     loaded = load_head(tmp_path / "m.safetensors")
     assert loaded.config == config and loaded.extra == {"step": 3} and torch.equal(loaded.vocab_ids, torch.arange(10))
     assert torch.equal(loaded.module.blocks[0].weight, head.blocks[0].weight)
+
+
+@pytest.mark.parametrize("name", ["eagle tree", "medusa tree"])
+def test_typical_acceptance_accepts_more_and_stays_greedy_at_temperature_zero(name, target, vocab, eagle, medusa):
+    """On a tree of top candidates (point masses, accepted w.p. p(x) when exact) Medusa's rule
+    keeps any candidate above its threshold: more acceptance, at the price of exactness."""
+    proposers = _proposers(eagle, medusa, vocab)
+    spec = SpecEngine(target, proposers[name](), None, k=3, eos_token_ids=frozenset())
+    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    greedy = SamplingParams(temperature=0, typical_acceptance=True)
+    assert (spec.generate(PROMPTS[1], greedy, max_new_tokens=30).token_ids
+            == plain.generate(PROMPTS[1], greedy, max_new_tokens=30).token_ids)
+    accepted = {}
+    for typical in (False, True):
+        params = SamplingParams(temperature=1.0, seed=3, typical_acceptance=typical)
+        accepted[typical] = sum(spec.generate(prompt, params, max_new_tokens=60).stats.acceptance_rate
+                                for prompt in PROMPTS)
+    assert accepted[True] > accepted[False]

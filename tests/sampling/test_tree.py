@@ -174,3 +174,13 @@ def test_typical_acceptance_is_lossy_and_accepts_plausible_tokens_under_an_unsur
     assert out.path == [0, 1]  # both accepted although neither is the target's favourite
     out = typical_verify_tree(tokens, parents, torch.stack([flat, sharp, sharp]), torch.Generator().manual_seed(0))
     assert out.path == [0]  # under the sharp target the second draft (p .01) is refused
+
+
+def test_typical_acceptance_is_opt_in_labelled_and_exclusive_with_lenience():
+    from specdec.sampling import SamplingParams
+
+    assert SamplingParams(temperature=0.7).exact
+    assert not SamplingParams(temperature=0.7, typical_acceptance=True).exact  # LOSSY
+    assert SamplingParams(temperature=0.0, typical_acceptance=True).exact  # greedy stays greedy
+    with pytest.raises(ValueError, match="one lossy rule"):
+        SamplingParams(temperature=0.7, lenience=0.5, typical_acceptance=True)

@@ -32,7 +32,7 @@ from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.params import SamplingParams
 from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
 from specdec.sampling.tree import TreeVerifyResult, greedy_verify_tree, sample_verify_tree, tree_attention_mask, \
-    tree_depths
+    tree_depths, typical_verify_tree
 from specdec.sampling.warp import warp_logits
 
 
@@ -64,14 +64,24 @@ def verify_tree_step(
     generator: torch.Generator | None,
 ) -> TreeVerifyResult:
     """Steps 3-4 for a tree (sampling/tree.py): greedy walk at temperature 0, else
-    recursive rejection over siblings. Exact only: lenience is a chain rule."""
-    if not params.exact:
-        raise ValueError("lenience < 1 applies to chain drafts; tree drafts are verified exactly")
-    tokens, parents = proposal.token_ids[0].tolist(), list(proposal.parents)
+    recursive rejection over siblings; with typical_acceptance (LOSSY) Medusa's rule,
+    which also takes chains (parents None = one path)."""
+    if params.lenience != 1.0:
+        raise ValueError("lenience < 1 applies to chain drafts; tree drafts are verified exactly "
+                         "(or with --typical-acceptance)")
+    tokens = proposal.token_ids[0, : int(proposal.num_tokens[0])].tolist()
+    parents = list(proposal.parents) if proposal.parents is not None else list(range(-1, len(tokens) - 1))
+    if params.typical_acceptance and not params.greedy:
+        return typical_verify_tree(tokens, parents, warp_logits(target_logits, params)[0], generator)
     if params.greedy:
         return greedy_verify_tree(tokens, parents, target_logits[0].argmax(dim=-1).tolist())
     draft_probs = None if proposal.probs is None else proposal.probs[0]
     return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
+
+
+def params_exact_or_lenient(params: SamplingParams) -> bool:
+    """Chains go through verify_step unless typical acceptance (a tree rule) is asked for."""
+    return params.greedy or not params.typical_acceptance
 
 
 @dataclass
@@ -321,7 +331,7 @@ class SpecEngine:
 
         # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
         #    drafts; the new final token is not cached yet (it opens the next step).
-        if proposal.parents is None:
+        if proposal.parents is None and params_exact_or_lenient(ctx.params):
             result = verify_step(draft_ids, proposal.num_tokens, proposal.probs, target_logits, ctx.params,
                                  ctx.generator)
             num_accepted = int(result.num_accepted[0])  # host sync: commit code
@@ -332,7 +342,10 @@ class SpecEngine:
             tree = verify_tree_step(proposal, target_logits, ctx.params, ctx.generator)
             num_accepted, tokens = tree.num_accepted, tree.output_ids
             kept_inputs = [0] + [node + 1 for node in tree.path]
-            self.target.keep_path(context_len - 1, kept_inputs[1:])
+            if proposal.parents is None:  # a chain's accepted path is its prefix: plain truncation
+                self.target.truncate(torch.tensor([context_len + num_accepted]))
+            else:
+                self.target.keep_path(context_len - 1, kept_inputs[1:])
         self._keep_hidden(output.hidden, kept_inputs)
         if self.proposer is not None and k > 0:
             self.proposer.on_verified(torch.tensor([num_accepted]))

@@ -173,7 +173,10 @@ class EagleHead(nn.Module):
             keys, values = cache.view()
             attended = grouped_attention(query, keys[None], values[None], mask)
         x = x + self.o_proj(attended.transpose(1, 2).reshape(batch, steps, -1))
-        normed = self.mlp_norm(x.float()).to(x.dtype)  # fp32 norm, as the target's (and no autocast mix)
+        # RMSNorm in fp32, as the target's (native/model.py), whatever the head's dtype.
+        x32 = x.float()
+        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.mlp_norm.eps)).to(x.dtype)
+        normed = normed * self.mlp_norm.weight.to(x.dtype)
         return x + self.down_proj(nn.functional.silu(self.gate_proj(normed)) * self.up_proj(normed))
 
 

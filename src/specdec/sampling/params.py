@@ -25,6 +25,10 @@ class SamplingParams:
     lenience:    1 (default) = exact verification. 0 < l < 1 is LOSSY (Leviathan et al.,
                  Appendix A.5): drafts are accepted more easily, the output no longer
                  follows the target's distribution (nor, at temperature 0, its greedy output).
+    typical_acceptance: False (default) = exact. True is LOSSY: Medusa's typical acceptance
+                 (Cai et al. 2024, Section 2.3.1) keeps a draft when the target gives it more than
+                 min(0.09, 0.3 exp(-entropy)); sampling/tree.py: typical_verify_tree. Temperature 0
+                 stays greedy (exact).
     """
 
     temperature: float = 0.0
@@ -33,6 +37,7 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     lenience: float = 1.0
+    typical_acceptance: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
@@ -49,11 +54,15 @@ class SamplingParams:
         if isinstance(self.lenience, bool) or not isinstance(self.lenience, (int, float)) or not (
                 0.0 < self.lenience <= 1.0):
             raise ValueError(f"lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {self.lenience!r}")
+        if not isinstance(self.typical_acceptance, bool):
+            raise ValueError(f"typical_acceptance must be True or False, got {self.typical_acceptance!r}")
+        if self.typical_acceptance and self.lenience != 1.0:
+            raise ValueError("choose one lossy rule: lenience < 1 or typical_acceptance, not both")
 
     @property
     def exact(self) -> bool:
-        """True when verification keeps the target's distribution (lenience 1)."""
-        return self.lenience == 1.0
+        """True when verification keeps the target's distribution (lenience 1, no typical acceptance)."""
+        return self.lenience == 1.0 and not (self.typical_acceptance and self.temperature > 0)
 
     @property
     def greedy(self) -> bool:

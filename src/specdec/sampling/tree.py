@@ -145,7 +145,6 @@ def sample_verify_tree(
       token 1 w.p. .5 * .6 = .3, token 2 w.p. .5 * .4 = .2: exactly p.
     """
     children = tree_children(parents)
-    vocab = target_probs.shape[-1]
     path: list[int] = []
     node = -1
     while True:
@@ -153,16 +152,22 @@ def sample_verify_tree(
         moved = False
         for child in children[node + 1]:
             token = token_ids[child]
-            draft = (torch.nn.functional.one_hot(torch.tensor(token, device=residual.device), vocab).float()
-                     if draft_probs is None else draft_probs[child].float())
-            draft_q = float(draft[token])
             target_r = float(residual[token])
-            accept = 1.0 if draft_q <= 0 and target_r > 0 else min(1.0, target_r / max(draft_q, 1e-30))
+            if draft_probs is None:  # q = onehot(token): accept w.p. r(token); (r - q)+ is r without token
+                accept, draft = target_r, None
+            else:
+                draft = draft_probs[child].float()
+                draft_q = float(draft[token])
+                accept = 1.0 if draft_q <= 0 and target_r > 0 else min(1.0, target_r / max(draft_q, 1e-30))
             if float(torch.rand((), generator=generator, device=residual.device)) < accept:
                 path.append(child)
                 node, moved = child, True
                 break
-            leftover = (residual - draft).clamp_min(0.0)
+            if draft is None:
+                leftover = residual.clone()
+                leftover[token] = 0.0
+            else:
+                leftover = (residual - draft).clamp_min(0.0)
             mass = float(leftover.sum())
             # A zero leftover means r == q there, where rejection has probability 0 (round-off guard).
             if mass > 0:

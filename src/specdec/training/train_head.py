@@ -42,7 +42,9 @@ class TrainOptions:
     weight_decay: float = 0.0
     noise: float = 0.1  # EAGLE's U(-noise, noise) on input features
     classification_weight: float = 0.1  # EAGLE's w_cls
+    classification_positions: int = 128  # positions per window EAGLE's cross-entropy scores (0 = all)
     medusa_decay: float = 0.8  # Medusa's lambda_d = decay^(d-1)
+    medusa_positions: int = 128  # positions per window in Medusa's loss (0 = all)
     grad_clip: float = 0.5
     checkpoint_every: int = 100
     heldout_windows: int = 16
@@ -109,7 +111,10 @@ def reduced_ids(tokens: torch.Tensor, vocab: FrozenVocabulary) -> torch.Tensor:
 
 def eagle_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
                options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
-    """tokens [B, T], features [B, T, H] -> (loss, {"regression", "classification", "top1"})."""
+    """tokens [B, T], features [B, T, H] -> (loss, {"regression", "classification", "top1"}).
+
+    Noise and the scored positions come from `generator` (None: the global one).
+    """
     inputs = features[:, :-1].float()  # f_j
     if options.noise:
         inputs = inputs + (torch.rand(inputs.shape, generator=generator, device=inputs.device) * 2 - 1) * options.noise
@@ -117,9 +122,13 @@ def eagle_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: to
     predicted = head(inputs, vocab.embed(tokens[:, 1:]).float(), positions)  # f^_{j+1} [B, T-1, H]
     wanted = features[:, 1:].float()  # f_{j+1}
     regression = nn.functional.smooth_l1_loss(predicted, wanted)
-    head_logits = vocab.logits(predicted.float())
+    # The output head is the costliest matmul here: score a subsample of positions (all with 0).
+    count = predicted.shape[1]
+    keep = min(options.classification_positions or count, count)
+    picks = torch.randperm(count, generator=generator, device=tokens.device)[:keep]
+    head_logits = vocab.logits(predicted[:, picks].float())
     with torch.no_grad():
-        target_probs = torch.softmax(vocab.logits(wanted), dim=-1)  # the target's own next-token distribution
+        target_probs = torch.softmax(vocab.logits(wanted[:, picks]), dim=-1)  # the target's own next-token law
     classification = -(target_probs * torch.log_softmax(head_logits, dim=-1)).sum(-1).mean()
     loss = regression + options.classification_weight * classification
     with torch.no_grad():
@@ -129,16 +138,25 @@ def eagle_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: to
 
 
 def medusa_loss(heads, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
-                options: TrainOptions) -> tuple[torch.Tensor, dict]:
-    """Head d (1-based) on f_j against t_{j+1+d}; returns (loss, {"ce_d", "top1_d"})."""
+                options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """Head d (1-based) on f_j against t_{j+1+d}; returns (loss, {"ce_d", "top1_d"}).
+
+    Each head runs the full output head, m times EAGLE's one; positions are
+    subsampled (options.medusa_positions per window, the same for every head)
+    to keep that affordable on a CPU: neighbouring positions teach much the same.
+    """
     labels = reduced_ids(tokens, vocab)
-    per_head = heads(features.float())  # [B, T, m, H]
+    num_heads = heads.config.num_medusa_heads
+    usable = tokens.shape[1] - num_heads - 1  # positions j with a label for every head
+    keep = min(options.medusa_positions or usable, usable)
+    picks = torch.randperm(usable, generator=generator, device=tokens.device)[:keep].sort().values  # [P]
+    per_head = heads(features[:, picks].float())  # [B, P, m, H]
     loss = torch.zeros((), device=tokens.device)
     stats = {}
-    for index in range(per_head.shape[2]):
+    for index in range(num_heads):
         ahead = index + 2  # head 1 predicts t_{j+2}
-        logits = vocab.logits(per_head[:, :-ahead, index])  # [B, T-ahead, N]
-        wanted = labels[:, ahead:]
+        logits = vocab.logits(per_head[:, :, index])  # [B, P, N]
+        wanted = labels[:, picks + ahead]
         ce = nn.functional.cross_entropy(logits.flatten(0, 1), wanted.flatten(), ignore_index=-100)
         loss = loss + options.medusa_decay ** index * ce
         with torch.no_grad():
@@ -225,11 +243,11 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, options)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            randomness = torch.Generator(device=device).manual_seed(options.seed * 1_000_003 + step)
             if config.kind == "eagle":
-                noise = torch.Generator(device=device).manual_seed(options.seed * 1_000_003 + step)
-                loss, stats = eagle_loss(head, vocab, batch_tokens, batch_features, options, noise)
+                loss, stats = eagle_loss(head, vocab, batch_tokens, batch_features, options, randomness)
             else:
-                loss, stats = medusa_loss(head, vocab, batch_tokens, batch_features, options)
+                loss, stats = medusa_loss(head, vocab, batch_tokens, batch_features, options, randomness)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(head.parameters(), options.grad_clip)

@@ -10,6 +10,8 @@ mask among them (tree drafts), because verification feeds k+1 tokens per step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -57,7 +59,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache, layer: int,
-                key_length: int, mask: torch.Tensor | None) -> torch.Tensor:
+                key_length: int, mask: torch.Tensor | None, tree: TreeKeys | None = None) -> torch.Tensor:
         batch, steps, _ = x.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         query, key, value = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
@@ -68,7 +70,10 @@ class Attention(nn.Module):
         key = key * cos + rotate_half(key) * sin
         cache.write(layer, key, value)
         keys, values = cache.view(layer, key_length)  # [B, Hkv, S, D]
-        attended = grouped_attention(query, keys, values, mask)  # [B, Hq, T, D]
+        if tree is None:
+            attended = grouped_attention(query, keys, values, mask)  # [B, Hq, T, D]
+        else:
+            attended = tree_attention(query, keys, values, tree)
         return self.out(attended.transpose(1, 2).reshape(batch, steps, q_size))
 
 
@@ -94,6 +99,56 @@ def grouped_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     return torch.matmul(weights, values).view(batch, query_heads, steps, dim)
 
 
+@dataclass(frozen=True)
+class TreeKeys:
+    """Per query of a tree forward, the cache slots it attends to, in the order plain decoding has them.
+
+    index [B, T, S'] slots: the row's cached prefix, then the query's ancestors and itself
+    (root first); mask [B, 1, T, S'] marks the real ones (the rest is padding at the end).
+    """
+    index: torch.Tensor
+    mask: torch.Tensor
+
+    @staticmethod
+    def build(starts: list[int], among_new: torch.Tensor, device: torch.device) -> TreeKeys:
+        """among_new [B, T, T]: which new tokens each new token sees (itself and its ancestors)."""
+        visible = among_new.to(device="cpu", dtype=torch.bool)
+        counts = visible.sum(dim=-1)  # [B, T]
+        width = max(starts) + int(counts.max())
+        index = torch.zeros(visible.shape[0], visible.shape[1], width, dtype=torch.int64)
+        mask = torch.zeros(visible.shape[0], 1, visible.shape[1], width, dtype=torch.bool)
+        for row, start in enumerate(starts):
+            for query in range(visible.shape[1]):
+                slots = torch.cat([torch.arange(start), start + visible[row, query].nonzero().flatten()])
+                index[row, query, : len(slots)] = slots
+                mask[row, 0, query, : len(slots)] = True
+        return TreeKeys(index.to(device), mask.to(device))
+
+
+def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tree: TreeKeys) -> torch.Tensor:
+    """Attention of a tree's queries, each over its own key sequence: [B, Hq, T, D].
+
+    A mask over the whole forward (as for a chain) would give each node the right
+    keys, but with its ancestors scattered among masked siblings; the reductions of
+    softmax and of weights @ values then group the terms differently from plain
+    decoding and round differently, and in bf16 that can change a greedy token.
+    Gathering each query's keys into the prefix-then-path layout of plain decoding
+    keeps verification bit-identical to it (the tests compare token for token).
+    """
+    batch, query_heads, steps, dim = query.shape
+    kv_heads = keys.shape[1]
+    groups = query_heads // kv_heads
+    rows = torch.arange(batch, device=keys.device)[:, None, None]
+    path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, S', D]
+    path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
+    grouped = query.view(batch, kv_heads, groups, steps, dim).transpose(2, 3)  # [B, Hkv, T, G, D]
+    scores = torch.matmul(grouped, path_keys.transpose(-1, -2)).float() * dim ** -0.5  # [B, Hkv, T, G, S']
+    scores = scores.masked_fill(~tree.mask[:, :, :, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    attended = torch.matmul(weights, path_values)  # [B, Hkv, T, G, D]
+    return attended.transpose(2, 3).reshape(batch, query_heads, steps, dim)
+
+
 class MLP(nn.Module):
     def __init__(self, gate_up: nn.Module, down: nn.Module) -> None:
         super().__init__()
@@ -109,8 +164,8 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.attention, self.mlp_norm, self.mlp = attention_norm, attention, mlp_norm, mlp
 
-    def forward(self, x, cos, sin, cache, layer, key_length, mask):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, key_length, mask)
+    def forward(self, x, cos, sin, cache, layer, key_length, mask, tree=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, key_length, mask, tree)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -195,11 +250,14 @@ class NativeDecoder(nn.Module):
         steps = token_ids.shape[1]
         key_length = max(cache.seq_lens) + steps
         cache.reserve(key_length)
-        mask = attention_mask(cache.seq_lens, steps, key_length, among_new, self.device)
+        if among_new is None:
+            mask, tree = attention_mask(cache.seq_lens, steps, key_length, None, self.device), None
+        else:  # a tree: each query over its own prefix-then-path keys (tree_attention)
+            mask, tree = None, TreeKeys.build(cache.seq_lens, among_new, self.device)
         cos, sin = self.rotary(positions, self.dtype)
         x = nn.functional.embedding(token_ids, self.embedding)  # [B, T, H]
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, layer, key_length, mask)
+            x = block(x, cos, sin, cache, layer, key_length, mask, tree)
         cache.advance(steps)
         hidden = self.norm(x)
         scored = hidden[:, -last_n_logits:] if last_n_logits else hidden
