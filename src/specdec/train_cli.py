@@ -96,7 +96,7 @@ def cmd_train_head(args, load_models) -> int:
     options = TrainOptions(steps=args.steps, batch_size=args.batch_size,
                            lr=args.lr or (3e-4 if args.kind == "eagle" else 1e-3),
                            checkpoint_every=args.checkpoint_every, seed=args.seed)
-    del target  # the target's weights are no longer needed: the vocabulary holds what the head reuses
+    del target, runner  # frees the target's weights: the vocabulary holds the rows the head reuses
     extra = train_head(config, vocab, tokens, features, out, options, device=device, log=_log)
     _log(f"done: {out} (features {features_s / 60:.1f} min, training {extra.get('train_seconds', 0) / 60:.1f} min; "
          f"held-out top-1 by depth {[row[0] for row in extra.get('heldout_accuracies', [])]})")

@@ -79,7 +79,7 @@ def verify_tree_step(
     return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
 
 
-def params_exact_or_lenient(params: SamplingParams) -> bool:
+def verifies_as_chain(params: SamplingParams) -> bool:
     """Chains go through verify_step unless typical acceptance (a tree rule) is asked for."""
     return params.greedy or not params.typical_acceptance
 
@@ -331,7 +331,7 @@ class SpecEngine:
 
         # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
         #    drafts; the new final token is not cached yet (it opens the next step).
-        if proposal.parents is None and params_exact_or_lenient(ctx.params):
+        if proposal.parents is None and verifies_as_chain(ctx.params):
             result = verify_step(draft_ids, proposal.num_tokens, proposal.probs, target_logits, ctx.params,
                                  ctx.generator)
             num_accepted = int(result.num_accepted[0])  # host sync: commit code
