@@ -12,7 +12,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -274,13 +273,9 @@ def check_head_exists(args, method: str) -> None:
 
     kind = head_kind(method)
     if kind is not None:
-        from specdec.models.heads import default_head_path
+        from specdec.models.heads import locate_head
 
-        location = Path(args.head) if getattr(args, "head", None) else default_head_path(args.target, kind)
-        if not location.is_file():
-            raise FileNotFoundError(f"no trained {kind} head at {location}; train one with: specdec train-head "
-                                    f"--kind {kind} --target {args.target}"
-                                    + (f" --out {location}" if getattr(args, "head", None) else ""))
+        locate_head(args.target, kind, getattr(args, "head", None))
 
 
 def head_options(args, method: str, target) -> dict:

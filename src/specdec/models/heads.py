@@ -249,16 +249,21 @@ def load_head(path: Path | str, *, dtype: torch.dtype = torch.float32, device: t
     return LoadedHead(config, module, vocab_ids, json.loads(metadata.get("extra", "{}")))
 
 
+def _native_decoder(target_runner):
+    decoder = getattr(target_runner, "decoder", None)
+    if decoder is None:
+        raise ValueError("draft heads read the target's hidden states: load the target with the native "
+                         "backend (--backend native; Qwen2 / Llama family)")
+    return decoder
+
+
 def frozen_vocabulary(target_runner, target_path: Path, vocab_ids: torch.Tensor,
                       dtype: torch.dtype | None = None) -> FrozenVocabulary:
     """The target's embedding and output head (rows vocab_ids) from a native target runner.
 
     A tied target's output head is its embedding; an untied one's is read from its safetensors.
     """
-    decoder = getattr(target_runner, "decoder", None)
-    if decoder is None:
-        raise ValueError("draft heads read the target's hidden states: load the target with the native "
-                         "backend (--backend native; Qwen2 / Llama family)")
+    decoder = _native_decoder(target_runner)
     embedding = decoder.embedding.detach()
     if decoder.config.tie_word_embeddings:
         output_weight = embedding
@@ -284,20 +289,27 @@ def default_head_path(target_name: str, kind: str) -> Path:
     return cache_root() / "heads" / Path(target_name).name / f"{kind}.safetensors"
 
 
-def load_head_for(target, kind: str, path: str | Path | None = None) -> tuple[LoadedHead, FrozenVocabulary]:
-    """The trained head of `kind` for a loaded target (models.loader.LoadedModel) and the target's
-    vocabulary it reads, in the target's dtype on its device; clear errors when either does not fit."""
-    location = Path(path) if path else default_head_path(target.name, kind)
+def locate_head(target_name: str, kind: str, path: str | Path | None = None) -> Path:
+    """The checkpoint a head method loads (path, else the default for the target); a missing
+    one is a FileNotFoundError that says how to train it."""
+    location = Path(path) if path else default_head_path(target_name, kind)
     if not location.is_file():
         hint = f" --out {location}" if path else ""
         raise FileNotFoundError(f"no trained {kind} head at {location}; train one with: specdec train-head "
-                                f"--kind {kind} --target {target.name}{hint}")
-    dtype = target.runner.decoder.dtype if hasattr(target.runner, "decoder") else torch.float32
+                                f"--kind {kind} --target {target_name}{hint}")
+    return location
+
+
+def load_head_for(target, kind: str, path: str | Path | None = None) -> tuple[LoadedHead, FrozenVocabulary]:
+    """The trained head of `kind` for a loaded target (models.loader.LoadedModel) and the target's
+    vocabulary it reads, in the target's dtype on its device; clear errors when either does not fit."""
+    location = locate_head(target.name, kind, path)
+    decoder = _native_decoder(target.runner)
+    dtype = decoder.dtype
     head = load_head(location, dtype=dtype, device=target.runner.device)
     if head.config.kind != kind:
         raise ValueError(f"{location} holds a {head.config.kind} head, not {kind}")
-    decoder = getattr(target.runner, "decoder", None)
-    if decoder is not None and (head.config.hidden_size, head.config.target_vocab_size) != (
+    if (head.config.hidden_size, head.config.target_vocab_size) != (
             decoder.config.hidden_size, decoder.config.vocab_size):
         raise ValueError(f"{location} was trained for a target with hidden size {head.config.hidden_size} and "
                          f"{head.config.target_vocab_size} tokens ({head.config.target or 'unknown'}); "
