@@ -11,7 +11,7 @@ from specdec.models.hf import HFRunner
 from specdec.models.loader import load_model
 from specdec.models.native import DecoderConfig, UnsupportedModelError
 from specdec.models.native.linear import Int4Linear, Int8Linear
-from specdec.models.native.model import attention_mask
+from specdec.models.native.attention import attention_mask
 from specdec.sampling import SamplingParams
 
 FAMILIES = [("qwen2", {}), ("llama", {}), ("llama", {"tie_word_embeddings": True, "head_dim": 16})]

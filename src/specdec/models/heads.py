@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.models.native.model import grouped_attention, rotate_half
+from specdec.models.native.attention import grouped_attention
+from specdec.models.native.model import rotate_half
 
 HEAD_KINDS = ("eagle", "medusa")
 

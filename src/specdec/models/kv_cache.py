@@ -19,8 +19,10 @@ import torch
 
 class StaticKVCache:
     def __init__(self, *, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
-                 max_capacity: int, dtype: torch.dtype, device: torch.device, initial_capacity: int = 2048) -> None:
+                 max_capacity: int, dtype: torch.dtype, device: torch.device, initial_capacity: int = 2048,
+                 capacity_multiple: int = 1) -> None:
         self.max_capacity = max_capacity
+        self.capacity_multiple = capacity_multiple  # the capacity is kept a multiple of this (whole key blocks)
         self._shape = (num_layers, batch_size, num_kv_heads, 0, head_dim)
         self._dtype, self._device = dtype, device
         self.keys = self.values = None
@@ -34,6 +36,7 @@ class StaticKVCache:
 
     def _allocate(self, capacity: int) -> None:
         layers, batch, heads, _, dim = self._shape
+        capacity = -(-capacity // self.capacity_multiple) * self.capacity_multiple
         keys = torch.zeros(layers, batch, heads, capacity, dim, dtype=self._dtype, device=self._device)
         values = torch.zeros_like(keys)
         if self.keys is not None:  # growing: keep what is there

@@ -23,7 +23,7 @@ import heapq
 import torch
 
 from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, MedusaHeads
-from specdec.models.native.model import attention_mask
+from specdec.models.native.attention import attention_mask
 from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.sampling.warp import sample_from_probs, warp_logits
 

@@ -10,12 +10,11 @@ mask among them (tree drafts), because verification feeds k+1 tokens per step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from specdec.models.kv_cache import StaticKVCache
+from specdec.models.native.attention import AttentionPlan
 from specdec.models.native.config import DecoderConfig
 from specdec.models.native.linear import make_linear
 
@@ -59,7 +58,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache, layer: int,
-                key_length: int, mask: torch.Tensor | None, tree: TreeKeys | None = None) -> torch.Tensor:
+                plan: AttentionPlan) -> torch.Tensor:
         batch, steps, _ = x.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         query, key, value = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
@@ -69,84 +68,9 @@ class Attention(nn.Module):
         query = query * cos + rotate_half(query) * sin
         key = key * cos + rotate_half(key) * sin
         cache.write(layer, key, value)
-        keys, values = cache.view(layer, key_length)  # [B, Hkv, S, D]
-        if tree is None:
-            attended = grouped_attention(query, keys, values, mask)  # [B, Hq, T, D]
-        else:
-            attended = tree_attention(query, keys, values, tree)
+        keys, values = cache.view(layer, plan.key_length)  # [B, Hkv, S, D], whole key blocks
+        attended = plan.attend(query, keys, values)  # [B, Hq, T, D]
         return self.out(attended.transpose(1, 2).reshape(batch, steps, q_size))
-
-
-def grouped_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask: torch.Tensor | None) -> torch.Tensor:
-    """Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245) as two batched matmuls.
-
-    query [B, Hq, T, D]; keys, values [B, Hkv, S, D]; mask [B, 1, T, S] bool or None -> [B, Hq, T, D].
-    Query heads h = j * G + g share kv head j, so a reshape puts each group's
-    G x T queries against its one kv head without copying keys. For decoding's
-    few queries this beats SDPA's CPU kernel several times over in bf16
-    (90 vs 480 us per layer at T=1, S=400); softmax runs in fp32 as in transformers.
-    """
-    batch, query_heads, steps, dim = query.shape
-    kv_heads, key_length = keys.shape[1], keys.shape[2]
-    groups = query_heads // kv_heads
-    scores = torch.matmul(query.reshape(batch, kv_heads, groups * steps, dim), keys.transpose(-1, -2))
-    scores = scores.float() * dim ** -0.5  # [B, Hkv, G*T, S]
-    if mask is not None:
-        scores = scores.view(batch, kv_heads, groups, steps, key_length).masked_fill(~mask[:, :, None], float("-inf"))
-        scores = scores.view(batch, kv_heads, groups * steps, key_length)
-    weights = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(weights, values).view(batch, query_heads, steps, dim)
-
-
-@dataclass(frozen=True)
-class TreeKeys:
-    """Per query of a tree forward, the cache slots it attends to, in the order plain decoding has them.
-
-    index [B, T, S'] slots: the row's cached prefix, then the query's ancestors and itself
-    (root first); mask [B, 1, T, S'] marks the real ones (the rest is padding at the end).
-    """
-    index: torch.Tensor
-    mask: torch.Tensor
-
-    @staticmethod
-    def build(starts: list[int], among_new: torch.Tensor, device: torch.device) -> TreeKeys:
-        """among_new [B, T, T]: which new tokens each new token sees (itself and its ancestors)."""
-        visible = among_new.to(device="cpu", dtype=torch.bool)
-        counts = visible.sum(dim=-1)  # [B, T]
-        width = max(starts) + int(counts.max())
-        index = torch.zeros(visible.shape[0], visible.shape[1], width, dtype=torch.int64)
-        mask = torch.zeros(visible.shape[0], 1, visible.shape[1], width, dtype=torch.bool)
-        for row, start in enumerate(starts):
-            for query in range(visible.shape[1]):
-                slots = torch.cat([torch.arange(start), start + visible[row, query].nonzero().flatten()])
-                index[row, query, : len(slots)] = slots
-                mask[row, 0, query, : len(slots)] = True
-        return TreeKeys(index.to(device), mask.to(device))
-
-
-def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tree: TreeKeys) -> torch.Tensor:
-    """Attention of a tree's queries, each over its own key sequence: [B, Hq, T, D].
-
-    A mask over the whole forward (as for a chain) would give each node the right
-    keys, but with its ancestors scattered among masked siblings; the reductions of
-    softmax and of weights @ values then group the terms differently from plain
-    decoding and round differently, and in bf16 that can change a greedy token.
-    Gathering each query's keys into the prefix-then-path layout of plain decoding
-    keeps verification bit-identical to it (the tests compare token for token).
-    """
-    batch, query_heads, steps, dim = query.shape
-    kv_heads = keys.shape[1]
-    groups = query_heads // kv_heads
-    rows = torch.arange(batch, device=keys.device)[:, None, None]
-    path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, S', D]
-    path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
-    grouped = query.view(batch, kv_heads, groups, steps, dim).transpose(2, 3)  # [B, Hkv, T, G, D]
-    scores = torch.matmul(grouped, path_keys.transpose(-1, -2)).float() * dim ** -0.5  # [B, Hkv, T, G, S']
-    scores = scores.masked_fill(~tree.mask[:, :, :, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(values.dtype)
-    attended = torch.matmul(weights, path_values)  # [B, Hkv, T, G, D]
-    return attended.transpose(2, 3).reshape(batch, query_heads, steps, dim)
 
 
 class MLP(nn.Module):
@@ -164,30 +88,9 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.attention, self.mlp_norm, self.mlp = attention_norm, attention, mlp_norm, mlp
 
-    def forward(self, x, cos, sin, cache, layer, key_length, mask, tree=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, key_length, mask, tree)
+    def forward(self, x, cos, sin, cache, layer, plan):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, plan)
         return x + self.mlp(self.mlp_norm(x))
-
-
-def attention_mask(starts: list[int], steps: int, key_length: int, among_new: torch.Tensor | None,
-                   device: torch.device) -> torch.Tensor | None:
-    """[B, 1, T, S] bool: query i of row b sees cached slots < starts[b] and the new slots among_new allows.
-
-    among_new [B, T, T] (None = causal) says which of this forward's tokens
-    each new token sees; a tree of drafts passes its ancestor matrix here.
-    Returns None when every query sees every key (one token, one row): SDPA's fastest path.
-    """
-    if among_new is None and steps == 1 and len(starts) == 1:
-        return None
-    start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
-    relative = torch.arange(key_length, device=device)[None, None, :] - start  # [B, 1, S] slot - start
-    if among_new is None:
-        new_visible = relative <= torch.arange(steps, device=device)[None, :, None]  # causal [B, T, S]
-    else:
-        index = relative.clamp(0, steps - 1).expand(-1, steps, -1)  # [B, T, S]
-        new_visible = torch.gather(among_new.to(device=device, dtype=torch.bool), 2, index)
-    mask = (relative < 0) | ((relative < steps) & new_visible)  # [B, T, S]
-    return mask[:, None]
 
 
 class NativeDecoder(nn.Module):
@@ -248,16 +151,13 @@ class NativeDecoder(nn.Module):
         Writes the T new keys/values after each row's cached ones and advances the cache.
         """
         steps = token_ids.shape[1]
-        key_length = max(cache.seq_lens) + steps
-        cache.reserve(key_length)
-        if among_new is None:
-            mask, tree = attention_mask(cache.seq_lens, steps, key_length, None, self.device), None
-        else:  # a tree: each query over its own prefix-then-path keys (tree_attention)
-            mask, tree = None, TreeKeys.build(cache.seq_lens, among_new, self.device)
+        cache.reserve(max(cache.seq_lens) + steps)
+        groups = self.config.num_heads // self.config.num_kv_heads
+        plan = AttentionPlan.build(list(cache.seq_lens), steps, groups, among_new, self.device)
         cos, sin = self.rotary(positions, self.dtype)
         x = nn.functional.embedding(token_ids, self.embedding)  # [B, T, H]
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, layer, key_length, mask, tree)
+            x = block(x, cos, sin, cache, layer, plan)
         cache.advance(steps)
         hidden = self.norm(x)
         scored = hidden[:, -last_n_logits:] if last_n_logits else hidden

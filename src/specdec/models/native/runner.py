@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.models.kv_cache import StaticKVCache
+from specdec.models.native.attention import KEY_BLOCK
 from specdec.models.native.model import NativeDecoder
 from specdec.models.runner import ForwardOutput
 
@@ -30,7 +31,7 @@ class NativeRunner:
         self.cache = StaticKVCache(num_layers=config.num_layers, batch_size=batch_size,
                                    num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                                    max_capacity=self.max_context, dtype=decoder.dtype, device=self.device,
-                                   initial_capacity=initial_cache_len)
+                                   initial_capacity=initial_cache_len, capacity_multiple=KEY_BLOCK)
 
     @property
     def seq_len(self) -> int:

@@ -1,0 +1,267 @@
+"""Attention whose result for a query does not depend on who shares its forward pass.
+
+Speculative greedy output equals plain greedy output only if the target's
+logits for a position are bit-identical whether that position is decoded alone
+(plain decoding), verified among k+1 tokens, as a node of a tree, or beside
+other requests' rows. A single `softmax(q k^T) v` over the whole padded key
+range breaks that: the number of keys (and queries) changes with the chunking,
+and the BLAS library then picks another blocking for the reduction over keys
+(measured: chunks [3,3,3] vs [1]*9 differ in bf16 at context 500 under
+oneDNN's AVX512_CORE path, and in fp32 at context 7 and 200 on every ISA).
+
+So the reduction over keys is fixed by construction, the rule of the
+batch-invariant kernels in vLLM and SGLang (a fixed split size, not a fixed
+number of splits), in FlashDecoding's split-KV form (Dao et al. 2023):
+
+1. Keys are cut into blocks of KEY_BLOCK slots aligned to position 0, so a
+   query at position p always sees the same blocks, 0 .. p // KEY_BLOCK,
+   whatever the forward's length or padding.
+2. Within a block every call has the same shape (KEY_BLOCK keys, head_dim),
+   whatever the forward: scores, the block's max, exp, the block's sum, and
+   weights @ values over exactly KEY_BLOCK keys (masked ones weigh exactly 0).
+3. The blocks are combined in fp32, rescaled to the query's overall max (the
+   max is exact in any order), by a running sum in block order (`cumsum` runs
+   sequentially along a non-innermost dim on CPU and CUDA). Blocks past the
+   query's own last block are fully masked; they weigh exactly 0 and come
+   after it in that order, so they add nothing: they are skipped, not
+   summed as zeros among real terms.
+
+What remains is that a GEMM's row does not depend on how many rows share the
+call (one row is fed twice: BLAS has a gemv path for one row); the tests and
+`specdec doctor` check that at the real model's shapes under every oneDNN ISA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KEY_BLOCK = 64  # keys per block; also the granularity of the KV cache's capacity
+QUERY_CHUNK = 256  # queries per call in a long forward (prefill): bounds memory, changes no value
+
+
+def round_up(length: int, multiple: int = KEY_BLOCK) -> int:
+    return -(-length // multiple) * multiple
+
+
+def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+    """Softmax attention with a reduction order fixed per query (see the module docstring).
+
+    query  [B, Hkv, Q, M, D]        M query rows per key sequence (grouped heads x tokens)
+    keys   [B, Hkv, Qk, S, D]       Qk = Q (a key sequence per query group) or 1 (shared)
+    values [B, Hkv, Qk, S, D]       S = nb * KEY_BLOCK
+    bias   [B, 1, Q, nb, M|1, blk]  block_bias(): 0 where a row sees a key, -inf where not
+    returns [B, Hkv, Q, M, D]       in values.dtype; computed in fp32 throughout (the
+                                    upcast copies no more than the blocked view did)
+
+    Worked example, KEY_BLOCK = 2, one query at position 2 (keys 0, 1, 2 visible, S = 4):
+    blocks {0, 1} and {2, 3}; block 1's key 3 is masked, so its weight is exactly 0;
+    out = (e0 v0 + e1 v1) * r0 + (e2 v2 + 0 v3) * r1, normalised by
+    (e0 + e1) r0 + (e2 + 0) r1, where e are exp(score - block max) and r rescale
+    each block's max to the overall max. In a forward padded to S = 6, block {4, 5}
+    is all masked, gets r = 0 and comes last: the same terms in the same order.
+    """
+    batch, kv_heads, groups, rows, dim = query.shape
+    if rows == 1:  # BLAS's one-row (gemv) path rounds unlike its multi-row path: feed the row twice
+        return blocked_attention(query.expand(-1, -1, -1, 2, -1), keys, values, bias)[..., :1, :]
+    blocks = keys.shape[-2] // KEY_BLOCK
+    key_blocks = keys.float().unflatten(-2, (blocks, KEY_BLOCK))  # [B, Hkv, Qk, nb, blk, D]
+    value_blocks = values.float().unflatten(-2, (blocks, KEY_BLOCK))
+    scores = torch.matmul(query.float().unsqueeze(3), key_blocks.transpose(-1, -2))  # [B, Hkv, Q, nb, M, blk]
+    scores = torch.add(bias, scores, alpha=dim ** -0.5)  # masked keys -inf
+    # An all-masked block's max is -inf; the floor keeps exp(-inf - max) at 0 instead of NaN.
+    block_max = scores.amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(torch.float32).min)
+    weights = scores.sub_(block_max).exp_()  # exactly 0 where masked
+    block_sums = weights.sum(dim=-1, keepdim=True)  # a fixed-length (KEY_BLOCK) reduction per row
+    block_outs = torch.matmul(weights, value_blocks)  # [B, Hkv, Q, nb, M, D], K = KEY_BLOCK
+    rescale = block_max.sub_(block_max.amax(dim=3, keepdim=True)).exp_()  # 0 for all-masked blocks
+    total = running_sum(block_sums.mul_(rescale))  # [B, Hkv, Q, M, 1]
+    return running_sum(block_outs.mul_(rescale)).div_(total).to(values.dtype)
+
+
+def running_sum(x: torch.Tensor) -> torch.Tensor:
+    """x [B, Hkv, Q, nb, M, E] summed over nb strictly in block order -> [B, Hkv, Q, M, E].
+
+    cumsum is a sequential scan along a non-innermost dim (CPU accumulates in
+    double), so trailing all-zero blocks leave the last element unchanged; a
+    plain sum() may group terms by the dim's length (cascade summation).
+    """
+    return x.cumsum(dim=3).select(3, -1)
+
+
+def block_bias(visible: torch.Tensor) -> torch.Tensor:
+    """visible [B, 1, Q, M, S] bool -> bias [B, 1, Q, nb, M, KEY_BLOCK] fp32: 0 if seen, -inf if not."""
+    blocked = visible.unflatten(-1, (visible.shape[-1] // KEY_BLOCK, KEY_BLOCK)).transpose(3, 4)
+    zeros = torch.zeros((), dtype=torch.float32, device=visible.device)
+    return torch.where(blocked, zeros, float("-inf"))
+
+
+@dataclass(frozen=True)
+class ChainChunk:
+    """Queries first..last-1 of a chain forward: the key slots they can see (length, whole
+    blocks) and their bias. Built once per forward, shared by every layer."""
+    first: int
+    last: int
+    length: int
+    bias: torch.Tensor  # [B, 1, 1, nb, G * (last - first), KEY_BLOCK]
+
+    @staticmethod
+    def plan(starts: list[int], steps: int, groups: int, device: torch.device) -> list[ChainChunk]:
+        """A long forward (prefill) goes QUERY_CHUNK queries at a time, each chunk only over
+        the key blocks its last query can see: identical values (blocks past a query's
+        own are skipped anyway), bounded memory, half the work of a causal prefill."""
+        chunks = []
+        for first in range(0, steps, QUERY_CHUNK):
+            last = min(first + QUERY_CHUNK, steps)
+            length = round_up(max(starts) + last)
+            # Token i of row b sees the row's cached slots and the new ones up to itself.
+            start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
+            relative = torch.arange(length, device=device)[None, None, :] - start  # [B, 1, S]
+            visible = relative <= torch.arange(first, last, device=device)[None, :, None]  # [B, t, S]
+            visible = visible[:, None, :].expand(-1, groups, -1, -1).reshape(len(starts), 1, 1, -1, length)
+            chunks.append(ChainChunk(first, last, length, block_bias(visible)))
+        return chunks
+
+
+def chain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    chunks: list[ChainChunk]) -> torch.Tensor:
+    """Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245) of a chain of new tokens.
+
+    query [B, Hq, T, D]; keys, values [B, Hkv, S, D] (the cache) -> [B, Hq, T, D].
+    Query heads h = j * G + g share kv head j: each group's G x t queries meet its
+    one kv head without copying keys.
+    """
+    batch, query_heads, steps, dim = query.shape
+    kv_heads = keys.shape[1]
+    groups = query_heads // kv_heads
+    grouped = query.view(batch, kv_heads, groups, steps, dim)
+    outs = []
+    for chunk in chunks:
+        count = chunk.last - chunk.first
+        rows = grouped[:, :, :, chunk.first:chunk.last].reshape(batch, kv_heads, 1, groups * count, dim)
+        attended = blocked_attention(rows, keys[:, :, None, :chunk.length], values[:, :, None, :chunk.length],
+                                     chunk.bias)
+        outs.append(attended.reshape(batch, kv_heads, groups, count, dim))
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=3)).reshape(batch, query_heads, steps, dim)
+
+
+@dataclass(frozen=True)
+class TreeKeys:
+    """Per query of a tree forward, the cache slots it attends to, in the order plain decoding has them.
+
+    index [B, T, S'] slots: the row's cached prefix, then the query's ancestors and itself
+    (root first), padded at the end to whole key blocks; bias [B, 1, T, nb, 1, KEY_BLOCK]
+    (block_bias) hides the padding. Plain decoding of a node's path sees exactly these
+    keys at these slots, so the node's attention sees the same blocks.
+    """
+    index: torch.Tensor
+    bias: torch.Tensor
+
+    @staticmethod
+    def build(starts: list[int], among_new: torch.Tensor, device: torch.device) -> TreeKeys:
+        """among_new [B, T, T]: which new tokens each new token sees (itself and its ancestors)."""
+        visible = among_new.to(device="cpu", dtype=torch.bool)
+        counts = visible.sum(dim=-1)  # [B, T]
+        width = round_up(max(starts) + int(counts.max()))
+        index = torch.zeros(visible.shape[0], visible.shape[1], width, dtype=torch.int64)
+        mask = torch.zeros(visible.shape[0], 1, visible.shape[1], 1, width, dtype=torch.bool)  # [B, 1, T, 1, S']
+        for row, start in enumerate(starts):
+            for query in range(visible.shape[1]):
+                slots = torch.cat([torch.arange(start), start + visible[row, query].nonzero().flatten()])
+                index[row, query, : len(slots)] = slots
+                mask[row, 0, query, 0, : len(slots)] = True
+        return TreeKeys(index.to(device), block_bias(mask.to(device)))
+
+
+def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tree: TreeKeys) -> torch.Tensor:
+    """Attention of a tree's queries, each over its own key sequence: [B, Hq, T, D].
+
+    A mask over the whole forward would give each node the right keys, but with its
+    ancestors scattered among masked siblings, in other blocks than plain decoding
+    has them. Gathering each query's keys into the prefix-then-path layout of plain
+    decoding puts them in the same blocks, so verification is bit-identical to it.
+    """
+    batch, query_heads, steps, dim = query.shape
+    kv_heads = keys.shape[1]
+    groups = query_heads // kv_heads
+    rows = torch.arange(batch, device=keys.device)[:, None, None]
+    path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, S', D]
+    path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
+    grouped = query.view(batch, kv_heads, groups, steps, dim).transpose(2, 3)  # [B, Hkv, T, G, D]
+    attended = blocked_attention(grouped, path_keys, path_values, tree.bias)  # [B, Hkv, T, G, D]
+    return attended.transpose(2, 3).reshape(batch, query_heads, steps, dim)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What every layer of one forward needs to attend: built once per forward.
+
+    key_length: cache slots to view (whole blocks); chain: the chunks of a chain of new
+    tokens, or tree: each tree node's own keys.
+    """
+    key_length: int
+    chain: list[ChainChunk] | None = None
+    tree: TreeKeys | None = None
+
+    @staticmethod
+    def build(starts: list[int], steps: int, groups: int, among_new: torch.Tensor | None,
+              device: torch.device) -> AttentionPlan:
+        key_length = round_up(max(starts) + steps)
+        if among_new is None:
+            return AttentionPlan(key_length, chain=ChainChunk.plan(starts, steps, groups, device))
+        return AttentionPlan(key_length, tree=TreeKeys.build(starts, among_new, device))
+
+    def attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """query [B, Hq, T, D]; keys, values [B, Hkv, key_length, D] -> [B, Hq, T, D]."""
+        if self.tree is not None:
+            return tree_attention(query, keys, values, self.tree)
+        return chain_attention(query, keys, values, self.chain)
+
+
+# Draft-side attention. A proposer's numerics change which tokens it guesses, never
+# the output (the target verifies every guess), so EAGLE heads keep the plain
+# two-matmul form over their own small cache.
+
+def grouped_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245) as two batched matmuls.
+
+    query [B, Hq, T, D]; keys, values [B, Hkv, S, D]; mask [B, 1, T, S] bool or None -> [B, Hq, T, D].
+    Query heads h = j * G + g share kv head j, so a reshape puts each group's
+    G x T queries against its one kv head without copying keys. For decoding's
+    few queries this beats SDPA's CPU kernel several times over in bf16
+    (90 vs 480 us per layer at T=1, S=400); softmax runs in fp32 as in transformers.
+    """
+    batch, query_heads, steps, dim = query.shape
+    kv_heads, key_length = keys.shape[1], keys.shape[2]
+    groups = query_heads // kv_heads
+    scores = torch.matmul(query.reshape(batch, kv_heads, groups * steps, dim), keys.transpose(-1, -2))
+    scores = scores.float() * dim ** -0.5  # [B, Hkv, G*T, S]
+    if mask is not None:
+        scores = scores.view(batch, kv_heads, groups, steps, key_length).masked_fill(~mask[:, :, None], float("-inf"))
+        scores = scores.view(batch, kv_heads, groups * steps, key_length)
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(weights, values).view(batch, query_heads, steps, dim)
+
+
+def attention_mask(starts: list[int], steps: int, key_length: int, among_new: torch.Tensor | None,
+                   device: torch.device) -> torch.Tensor | None:
+    """[B, 1, T, S] bool: query i of row b sees cached slots < starts[b] and the new slots among_new allows.
+
+    among_new [B, T, T] (None = causal) says which of this forward's tokens
+    each new token sees; a tree of drafts passes its ancestor matrix here.
+    Returns None when every query sees every key (one token, one row): SDPA's fastest path.
+    """
+    if among_new is None and steps == 1 and len(starts) == 1:
+        return None
+    start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
+    relative = torch.arange(key_length, device=device)[None, None, :] - start  # [B, 1, S] slot - start
+    if among_new is None:
+        new_visible = relative <= torch.arange(steps, device=device)[None, :, None]  # causal [B, T, S]
+    else:
+        index = relative.clamp(0, steps - 1).expand(-1, steps, -1)  # [B, T, S]
+        new_visible = torch.gather(among_new.to(device=device, dtype=torch.bool), 2, index)
+    mask = (relative < 0) | ((relative < steps) & new_visible)  # [B, T, S]
+    return mask[:, None]
