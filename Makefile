@@ -39,7 +39,7 @@ test: dev models
 	$(BIN)/python -m pytest -q
 
 test-fast: dev
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration and not isa"
 
 bench-assisted: models
 	$(BIN)/python benchmarks/compare_hf_assisted.py

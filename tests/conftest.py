@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+import sys
 
 import pytest
 import torch
@@ -70,3 +71,18 @@ def target_runner() -> HFRunner:
 @pytest.fixture
 def draft_runner() -> HFRunner:
     return HFRunner(make_model(seed=1, layers=1))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which oneDNN ISA caps the real-shape invariance tests ran under (tests/models/test_invariance.py)."""
+    module = sys.modules.get("test_invariance") or sys.modules.get("models.test_invariance")
+    if module is None:
+        return
+    from specdec.models.cpu_features import ISA_CAPS, cpu_model
+
+    if not module.ISA_CAPS_RAN:
+        return
+    ran = ", ".join(module.ISA_CAPS_RAN)
+    missing = [cap for cap in ISA_CAPS if cap not in module.CAPS_HERE]
+    terminalreporter.write_line(f"invariance at real shapes on {cpu_model()}: passed under ONEDNN_MAX_CPU_ISA "
+                                f"{ran}; not on this CPU: {', '.join(missing) or 'none'}")

@@ -1,11 +1,16 @@
 """The embedded real models, end to end (marked `integration`; `make test` runs them).
 
 Greedy speculative output must equal plain greedy output of the same target,
-token for token, on real Qwen2.5-Coder weights (native backend with an int4
-draft, the default, and the transformers backend); the native decoder must
-reproduce transformers' logits on the same weights; and a draft with another
-tokenizer must be refused with a clear error.
+token for token, on real Qwen2.5-Coder weights: every method on 8 prompts x 64
+tokens (one prompt over 1,000 tokens) with the native backend and an int4
+draft, the default; 8 concurrent requests in the batched engine; and the
+transformers backend. The native decoder must reproduce transformers' logits
+(fp32) and stay close in bf16 (mean KL); a draft with another tokenizer must be
+refused with a clear error.
 """
+
+import inspect
+import textwrap as textwrap_module
 
 import pytest
 import torch
@@ -26,6 +31,19 @@ COPY_PROMPT = (
     "def spread(values):\n    lowest = min(values)\n    highest = max(values)\n"
     "    return highest - lowest, len(values)\n"
 )
+# Over 1,000 tokens: the first part of the stdlib's textwrap module, to be explained.
+LONG_PROMPT = ("Explain what the following module does, then list its public functions.\n\n"
+               + inspect.getsource(textwrap_module)[:5200])
+EQUALITY_PROMPTS = [
+    *PROMPTS,
+    COPY_PROMPT,
+    "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
+    "Implement binary search in Python as a function `binary_search(items, target)`.",
+    "Explain in a short paragraph why the sky is blue.",
+    "Write a short note to a colleague asking to move our meeting to Thursday.",
+    LONG_PROMPT,
+]
+NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +79,72 @@ def test_native_decoder_reproduces_transformers_logits(name):
     assert agreement >= 0.95
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_real_pair_greedy_speculative_equals_plain(qwen_pair, prompt):
+@pytest.fixture(scope="module")
+def plain_references(qwen_pair):
+    """Plain greedy output of the target for every equality prompt (computed once)."""
+    target, _ = qwen_pair
+    plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=target.eos_token_ids)
+    params = SamplingParams(temperature=0)
+    return [plain.generate(prompt, params, max_new_tokens=NEW_TOKENS, chat=True).token_ids
+            for prompt in EQUALITY_PROMPTS]
+
+
+def test_equality_prompts_include_a_long_one(qwen_pair):
+    target, _ = qwen_pair
+    lengths = [len(target.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                                        add_generation_prompt=True)) for p in EQUALITY_PROMPTS]
+    assert len(EQUALITY_PROMPTS) >= 8 and max(lengths) > 1000
+
+
+def _assert_every_prompt_equal(target, proposer, plain_references, k):
+    spec = SpecEngine(target.runner, proposer, target.tokenizer, k=k, eos_token_ids=target.eos_token_ids)
+    params, accepted = SamplingParams(temperature=0), 0
+    mismatches = []
+    for prompt, reference in zip(EQUALITY_PROMPTS, plain_references):
+        out = spec.generate(prompt, params, max_new_tokens=NEW_TOKENS, chat=True)
+        accepted += out.stats.accepted_tokens
+        if out.token_ids != reference:
+            first = next(i for i, (a, b) in enumerate(zip(out.token_ids + [-1], reference + [-2])) if a != b)
+            mismatches.append(f"{prompt[:40]!r}: differs at token {first}")
+    assert not mismatches, f"{len(mismatches)}/{len(EQUALITY_PROMPTS)} prompts differ: {mismatches}"
+    assert accepted > 0  # speculation really happened
+
+
+@pytest.mark.parametrize("method,k", [("draft", 4), ("draft", "auto"), ("ngram", 8), ("ngram+draft", 8)])
+def test_real_pair_greedy_speculative_equals_plain_for_every_method(qwen_pair, plain_references, method, k):
+    from specdec.proposers.registry import build_proposer
+
     target, draft = qwen_pair
     check_same_vocabulary(target.tokenizer, draft.tokenizer)
-    eos = target.eos_token_ids
-    plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=eos)
-    spec = SpecEngine(target.runner, DraftModelProposer(draft.runner), target.tokenizer, k=4, eos_token_ids=eos)
+    proposer = build_proposer(method, draft_runner=draft.runner, draft_k=4, adaptive=k == "auto")
+    _assert_every_prompt_equal(target, proposer, plain_references, k)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_references, method):
+    """8 requests decoded side by side in one batched engine (ragged lengths, the long prompt among
+    them): each one's output is its plain greedy output alone."""
+    from specdec.engine.batch import BatchEngine
+    from specdec.proposers.registry import build_batch_proposer
+
+    target, draft = qwen_pair
+    slots = len(EQUALITY_PROMPTS)
+    runner = target.runner.with_batch_size(slots, initial_cache_len=1536)
+    draft_runner = draft.runner.with_batch_size(slots, initial_cache_len=1536)
+    engine = BatchEngine(runner, build_batch_proposer(method, slots=slots, draft_runner=draft_runner),
+                         target.tokenizer, k=4, eos_token_ids=target.eos_token_ids)
     params = SamplingParams(temperature=0)
-    reference = plain.generate(prompt, params, max_new_tokens=24, chat=True)
-    out = spec.generate(prompt, params, max_new_tokens=24, chat=True)
-    assert out.token_ids == reference.token_ids
-    assert out.text == reference.text and len(out.text) > 20
-    assert out.stats.accepted_tokens > 0 and out.stats.mean_accepted_length > 1.0
-
-
+    outputs = {index: [] for index in range(slots)}
+    for index, prompt in enumerate(EQUALITY_PROMPTS):
+        engine.add(index, engine.make_request(prompt, params, max_new_tokens=NEW_TOKENS, chat=True))
+    widest = 0
+    while engine.running:
+        widest = max(widest, engine.running)
+        for update in engine.step():
+            outputs[update.handle] += update.token_ids
+    assert widest == slots
+    for index, reference in enumerate(plain_references):
+        assert outputs[index] == reference, f"request {index} ({EQUALITY_PROMPTS[index][:40]!r}) differs"
 
 
 @pytest.mark.parametrize("method", ["ngram", "ngram+draft"])

@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with `specdec demo`, then `specdec generate --help`.",
     )
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{generate,demo,serve,bench,analyze,verify,models}")
+                                metavar="{generate,demo,serve,bench,analyze,verify,train-head,doctor,models}")
 
     gen = sub.add_parser("generate", help="generate text for one prompt", epilog=EPILOG_GENERATE,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -217,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_command(sub, _add_model_args, _positive_int)
 
+    from specdec.doctor import add_doctor_command
+
+    add_doctor_command(sub)
+
     models = sub.add_parser("models", help="list, fetch or verify the embedded default models",
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="examples:\n  specdec models list\n  specdec models fetch qwen2.5-coder-1.5b\n"
@@ -243,7 +247,8 @@ def _load_models(args, need_draft: bool):
     draft = None
     if need_draft:
         _log(f"loading draft {args.draft} ...")
-        draft = load_model(args.draft, **model_options, quantize=args.draft_quantize, head_vocab=args.draft_vocab)
+        draft = load_model(args.draft, **model_options, quantize=args.draft_quantize, head_vocab=args.draft_vocab,
+                           role="draft")
         _log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
     return target, draft
@@ -396,8 +401,15 @@ def cmd_train_head(args) -> int:
     return run(args, _load_models)
 
 
+def cmd_doctor(args) -> int:
+    from specdec.doctor import cmd_doctor as run
+
+    return run(args)
+
+
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "serve": cmd_serve, "bench": cmd_bench,
-            "analyze": cmd_analyze, "verify": cmd_verify, "train-head": cmd_train_head, "models": cmd_models}
+            "analyze": cmd_analyze, "verify": cmd_verify, "train-head": cmd_train_head, "doctor": cmd_doctor,
+            "models": cmd_models}
 
 
 def main(argv: list[str] | None = None) -> int:

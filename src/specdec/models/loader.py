@@ -48,8 +48,10 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """True where oneDNN runs bf16 matmuls natively (AVX512-BF16 or AMX), not by emulation."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """True where oneDNN runs bf16 matmuls (AVX-512 and newer, within ONEDNN_MAX_CPU_ISA)."""
+    from specdec.models.cpu_features import onednn_bf16_usable
+
+    return onednn_bf16_usable()
 
 
 def resolve_dtype(dtype: str | None, device: torch.device, backend: str = "hf") -> torch.dtype:
@@ -66,7 +68,7 @@ def resolve_dtype(dtype: str | None, device: torch.device, backend: str = "hf") 
 
 def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | None = "auto",
                backend: str = "auto", quantize: str = "none", cpu_linear: str = "auto",
-               head_vocab: int | None = None, progress: bool = True) -> LoadedModel:
+               head_vocab: int | None = None, progress: bool = True, role: str = "target") -> LoadedModel:
     """An embedded model name (see `specdec models list`) or a local Hugging Face model directory.
 
     backend: "native" (specdec's own Qwen2/Llama decoder, models/native/),
@@ -81,6 +83,9 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     "torch" keeps stock nn.Linear, "onednn" insists on packing.
     head_vocab (native backend): the output head scores only this many tokens,
     the most frequent ones (a reduced-vocabulary draft head, reduced_vocab.py).
+    role: "target" runs the cheap batch-invariance probe on a native runner once
+    (NativeRunner.check_invariance); "draft" skips it (a draft's numerics never
+    reach the output).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -126,6 +131,8 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
             head_rows = frequent_token_ids(tokenizer, head_vocab, native_config.vocab_size)
         runner = load_native_runner(path, dtype=torch_dtype, device=torch_device, quantize=quantize,
                                     head_rows=head_rows, config=native_config)
+        if role == "target":
+            runner.check_invariance()
     else:
         runner = _load_hf_runner(path, torch_dtype, torch_device, cpu_linear)
     return LoadedModel(name_or_path, path, runner, tokenizer, time.perf_counter() - started, backend, torch_dtype,

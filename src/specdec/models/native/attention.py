@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 KEY_BLOCK = 64  # keys per block; also the granularity of the KV cache's capacity
+ROW_TILE = 8  # query rows per product are padded to a multiple of this
 QUERY_CHUNK = 256  # queries per call in a long forward (prefill): bounds memory, changes no value
 
 
@@ -64,8 +65,12 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     is all masked, gets r = 0 and comes last: the same terms in the same order.
     """
     batch, kv_heads, groups, rows, dim = query.shape
-    if rows == 1:  # BLAS's one-row (gemv) path rounds unlike its multi-row path: feed the row twice
-        return blocked_attention(query.expand(-1, -1, -1, 2, -1), keys, values, bias)[..., :1, :]
+    if rows % ROW_TILE:  # BLAS takes other paths for few rows (gemv for one): pad to whole tiles
+        padding = ROW_TILE - rows % ROW_TILE
+        query = torch.nn.functional.pad(query, (0, 0, 0, padding))
+        if bias.shape[-2] > 1:
+            bias = torch.nn.functional.pad(bias, (0, 0, 0, padding))  # padding rows see everything: finite
+        return blocked_attention(query, keys, values, bias)[..., :rows, :]
     blocks = keys.shape[-2] // KEY_BLOCK
     key_blocks = keys.float().unflatten(-2, (blocks, KEY_BLOCK))  # [B, Hkv, Qk, nb, blk, D]
     value_blocks = values.float().unflatten(-2, (blocks, KEY_BLOCK))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec.models.cpu_features import onednn_bf16_usable
+
 QUANTIZATIONS = ("none", "int8", "int4")
 INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantized with
 
@@ -50,8 +52,8 @@ PACKED_ROWS_HINT = 9  # oneDNN picks the packed layout for this many rows: k=8 v
 
 
 def can_pack_for_cpu(device: torch.device, dtype: torch.dtype) -> bool:
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return False  # oneDNN's bf16 reorder needs AVX512-BF16 / AVX-NE-CONVERT; F.linear still works
+    if dtype == torch.bfloat16 and not onednn_bf16_usable():
+        return False  # oneDNN's bf16 reorder needs AVX-512 (or a cap that allows it); F.linear still works
     return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from specdec.models.kv_cache import StaticKVCache
@@ -28,6 +30,8 @@ class NativeRunner:
         self.vocab_size = config.vocab_size
         self.max_context = max_context or config.max_position_embeddings
         self.head_rows = None if head_rows is None else head_rows.to(self.device)
+        # The safe path, set where the invariance probe failed (check_invariance): see _one_token_per_call.
+        self.one_token_per_call = False
         self.cache = StaticKVCache(num_layers=config.num_layers, batch_size=batch_size,
                                    num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
                                    max_capacity=self.max_context, dtype=decoder.dtype, device=self.device,
@@ -48,9 +52,26 @@ class NativeRunner:
     def with_batch_size(self, batch_size: int, *, max_context: int | None = None,
                         initial_cache_len: int = 512) -> NativeRunner:
         """A runner over the same weights with its own cache of batch_size rows (a server's slots)."""
-        return NativeRunner(self.decoder, batch_size=batch_size, head_rows=self.head_rows,
-                            max_context=min(max_context or self.max_context, self.max_context),
-                            initial_cache_len=initial_cache_len)
+        runner = NativeRunner(self.decoder, batch_size=batch_size, head_rows=self.head_rows,
+                              max_context=min(max_context or self.max_context, self.max_context),
+                              initial_cache_len=initial_cache_len)
+        runner.one_token_per_call = self.one_token_per_call
+        return runner
+
+    def check_invariance(self, out=None) -> bool:
+        """The cheap invariance probe (native/invariance.py), once per loaded target. Where it
+        fails, switch to the safe path and say so: never silently inexact."""
+        from specdec.models.native.invariance import cheap_probe
+
+        report = cheap_probe(self.decoder)
+        if not report.ok:
+            self.one_token_per_call = True
+            worst = report.failures[0]
+            print(f"specdec: batch invariance failed on this machine ({len(report.failures)} probes, e.g. "
+                  f"{worst.name}: max |diff| {worst.max_abs_diff:.3g}); verifying one token per call so "
+                  "output stays exact (speculation gains nothing). Run `specdec doctor` for details.",
+                  file=out or sys.stderr)
+        return report.ok
 
     @torch.inference_mode()
     def forward(
@@ -65,12 +86,37 @@ class NativeRunner:
         cache = self._cache_rows(rows)
         if token_ids.shape[0] != len(cache.seq_lens):
             raise ValueError(f"this forward covers {len(cache.seq_lens)} cache rows, got {token_ids.shape[0]} rows")
-        logits, hidden = self.decoder(token_ids.to(self.device), positions.to(self.device), cache,
-                                      among_new=among_new, last_n_logits=last_n_logits)
+        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
+        if self.one_token_per_call and last_n_logits is None and token_ids.numel() > 1:
+            logits, hidden = self._one_token_per_call(token_ids, positions, among_new, rows)
+        else:
+            logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new,
+                                          last_n_logits=last_n_logits)
         if self.head_rows is not None:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_rows, logits)
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _one_token_per_call(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                            among_new: torch.Tensor | None, rows: slice | None):
+        """The safe path (the invariance probe failed here): every decoded position in a call
+        of its own, exactly as plain decoding makes it, so verification and batching cannot
+        change a logit. Prefill (last_n_logits) stays one call: plain and speculative
+        decoding prefill alike. Verification then costs k+1 plain steps."""
+        if among_new is not None:
+            raise ValueError("tree verification is not exact on this machine (the invariance probe failed; "
+                             "see `specdec doctor`): use a chain method such as draft or ngram")
+        first = 0 if rows is None else rows.indices(self.batch_size)[0]
+        logits, hidden = [], []
+        for row in range(token_ids.shape[0]):
+            cache = self.cache.rows(first + row, first + row + 1)
+            for step in range(token_ids.shape[1]):
+                out = self.decoder(token_ids[row:row + 1, step:step + 1], positions[row:row + 1, step:step + 1], cache)
+                logits.append(out[0])
+                hidden.append(out[1])
+        width = token_ids.shape[1]
+        return (torch.cat([torch.cat(logits[r * width:(r + 1) * width], dim=1) for r in range(token_ids.shape[0])]),
+                torch.cat([torch.cat(hidden[r * width:(r + 1) * width], dim=1) for r in range(token_ids.shape[0])]))
 
     def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None:
         cache = self._cache_rows(rows)

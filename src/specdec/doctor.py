@@ -1,0 +1,169 @@
+"""`specdec doctor`: is bit-exact greedy equality guaranteed on this machine, with this model?
+
+Reports the CPU/GPU features, the oneDNN path in force and the kernels the
+model runs on, then runs the invariance probe (models/native/invariance.py) at
+the model's real shapes: projections fed 1..64 rows, every chunking of a
+9-token window at several context lengths, and ragged rows decoded together.
+Exit status 0 when every probe is bit-identical, 1 when not, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+EPILOG = """examples:
+  specdec doctor                          the embedded target, as generate/demo load it
+  specdec doctor --target ./my-model      your own Hugging Face directory (Qwen2/Llama run natively)
+  specdec doctor --synthetic              one full-size layer with random weights (no model files)
+  ONEDNN_MAX_CPU_ISA=AVX2 specdec doctor  the path an AVX2-only CPU takes
+
+"Guaranteed" means: on this machine, at this thread count, every probe gave
+bit-identical logits, so a position decodes the same whether it is alone,
+among k+1 drafts, in a tree or beside other requests. The same probe's cheap
+part runs whenever a target loads; if it fails, specdec verifies one token per
+call (exact, no speedup) and says so on stderr.
+"""
+
+
+def add_doctor_command(sub) -> None:
+    doctor = sub.add_parser("doctor", help="check that speculative output is bit-identical to plain output here",
+                            epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    doctor.add_argument("--target", default="qwen2.5-coder-1.5b",
+                        help="model name or HF directory (default: qwen2.5-coder-1.5b)")
+    doctor.add_argument("--synthetic", action="store_true",
+                        help="probe one Qwen2.5-1.5B-sized layer with random weights instead of --target")
+    doctor.add_argument("--device", default="auto", help="cpu, cuda, ... (default: auto)")
+    doctor.add_argument("--dtype", default="auto", help="auto (as generate picks it), float32, bfloat16")
+    doctor.add_argument("--quantize", choices=["none", "int8", "int4"], default="none",
+                        help="the target's weight format (default: none)")
+    doctor.add_argument("--contexts", type=_int_list, default=None, metavar="N,N,...",
+                        help="context lengths for the chunking probe (default: 64,255,1024 for a model; "
+                             "16..4097 around every power of two with --synthetic)")
+    doctor.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"context lengths must be >= 1, got {text!r}")
+    return values
+
+
+def machine_facts(device: torch.device) -> dict:
+    from specdec.models.cpu_features import cpu_flags, cpu_model, effective_isa, isa_cap_in_environment, \
+        supported_isa_caps
+
+    flags = cpu_flags()
+    facts = {
+        "cpu": cpu_model(),
+        "cpu_features": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
+                                        "amx_tile", "amx_int8", "avx_ne_convert"}),
+        "onednn_paths_on_this_cpu": supported_isa_caps(flags),
+        "onednn_cap_in_environment": isa_cap_in_environment(),
+        "onednn_path_in_force": effective_isa(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "onednn": torch.backends.mkldnn.is_available(),
+        "python": platform.python_version(),
+    }
+    if device.type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+        facts["cuda"] = torch.version.cuda
+    return facts
+
+
+def kernels_in_use(decoder) -> dict:
+    from specdec.models.native.attention import KEY_BLOCK
+    from specdec.models.native.invariance import decoder_projections
+
+    kinds = {name: type(module).__name__ for name, module in decoder_projections(decoder).items()}
+    return {"projections": kinds, "dtype": str(decoder.dtype).removeprefix("torch."),
+            "attention": f"blocked, {KEY_BLOCK}-key blocks aligned to position 0, fp32, combined in block order"}
+
+
+def cmd_doctor(args) -> int:
+    from specdec.models.loader import load_model, resolve_device, resolve_dtype
+    from specdec.models.native import NativeRunner
+    from specdec.models.native.invariance import QWEN2_5_1_5B_LAYER, contexts_around_powers_of_two, \
+        probe_batched_rows, probe_chunkings, probe_projections, random_decoder
+
+    started = time.perf_counter()
+    device = resolve_device(args.device)
+    facts = machine_facts(device)
+    _print_facts(facts)
+    if args.synthetic:
+        dtype = resolve_dtype(args.dtype, device, "native")
+        decoder = random_decoder(QWEN2_5_1_5B_LAYER, dtype=dtype, device=device, quantize=args.quantize)
+        runner = NativeRunner(decoder, initial_cache_len=4096 + 64)
+        model = "one Qwen2.5-1.5B-sized layer, random weights"
+        contexts = args.contexts or contexts_around_powers_of_two(4096)
+    else:
+        loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=args.quantize,
+                            role="draft")  # the probe below is the full one
+        if loaded.backend != "native":
+            print(f"model: {args.target} runs on the transformers backend: its kernels are transformers' own; "
+                  "bit-exact greedy equality is NOT guaranteed (only the native decoder is built for it)")
+            return 1
+        runner, model = loaded.runner, loaded.describe()
+        contexts = args.contexts or [64, 255, 1024]
+    contexts = [c for c in contexts if c + 16 <= runner.max_context]
+    kernels = kernels_in_use(runner.decoder)
+    print(f"model:     {model}")
+    print(f"kernels:   {', '.join(f'{name} {kind}' for name, kind in kernels['projections'].items())}; "
+          f"{kernels['dtype']}")
+    print(f"attention: {kernels['attention']}")
+
+    report = probe_projections(runner.decoder)
+    _print_group("projections, 1..64 rows vs each row alone", report.cases)
+    chunk_report = probe_chunkings(runner, contexts)
+    _print_group(f"chunkings [1]*9 [9] [3,3,3] [5,4] [2,2,2,2,1] at contexts {','.join(map(str, contexts))}",
+                 chunk_report.cases)
+    report.extend(chunk_report)
+    batched = probe_batched_rows(runner, contexts[len(contexts) // 2] if contexts else 64)
+    _print_group("ragged rows decoded together vs alone", batched.cases)
+    report.extend(batched)
+
+    elapsed = time.perf_counter() - started
+    if report.ok:
+        print(f"\nbit-exact greedy equality: GUARANTEED here ({len(report.cases)}/{len(report.cases)} probes "
+              f"bit-identical, {elapsed:.0f}s)")
+    else:
+        print(f"\nbit-exact greedy equality: NOT guaranteed here ({len(report.failures)} of {len(report.cases)} "
+              f"probes differ, {elapsed:.0f}s). specdec falls back to one token per call on this machine; "
+              "please report this output.")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"facts": facts, "model": model, "kernels": kernels, "ok": report.ok,
+                       "cases": [case.__dict__ for case in report.cases]}, handle, indent=2)
+    return 0 if report.ok else 1
+
+
+def _print_facts(facts: dict) -> None:
+    cap = facts["onednn_cap_in_environment"]
+    print(f"cpu:       {facts['cpu']} ({' '.join(facts['cpu_features']) or 'flags unknown'}), "
+          f"{facts['threads']} threads")
+    print(f"oneDNN:    path in force {facts['onednn_path_in_force']}"
+          f" ({'capped by ONEDNN_MAX_CPU_ISA=' + cap if cap else 'no cap'}); "
+          f"this CPU runs {', '.join(facts['onednn_paths_on_this_cpu']) or 'unknown'}")
+    if "gpu" in facts:
+        print(f"gpu:       {facts['gpu']} (CUDA {facts['cuda']})")
+    print(f"torch:     {facts['torch']}, python {facts['python']}")
+    sys.stdout.flush()
+
+
+def _print_group(title: str, cases) -> None:
+    same = sum(case.identical for case in cases)
+    print(f"  {'ok ' if same == len(cases) else 'BAD'} {same}/{len(cases)} identical: {title}")
+    for case in cases:
+        if not case.identical:
+            print(f"      differs: {case.name} (max |diff| {case.max_abs_diff:.3g})")
+    sys.stdout.flush()

@@ -1,0 +1,168 @@
+"""Batch invariance by construction, and the probe that checks it on the machine at hand.
+
+The real-shape tests run `specdec doctor --synthetic` (one full-size Qwen2.5-1.5B
+layer, random weights) in a subprocess under every oneDNN ISA cap this CPU
+supports, so an AMX machine also checks what an AVX2 user gets; the terminal
+summary says which caps ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import VOCAB_SIZE, make_model, make_native
+from specdec.models.cpu_features import ISA_CAPS, supported_isa_caps
+from specdec.models.native.attention import KEY_BLOCK, AttentionPlan, blocked_attention, block_bias
+from specdec.models.native.invariance import CHUNKINGS, cheap_probe, probe_batched_rows, probe_chunkings
+
+CAPS_HERE = supported_isa_caps()
+ISA_CAPS_RAN: list[str] = []  # read by conftest's terminal summary
+
+
+def reference_attention(query, keys, values, visible):
+    """Plain softmax attention in float64: query [M, D], keys/values [S, D], visible [M, S]."""
+    scores = (query.double() @ keys.double().T) * query.shape[-1] ** -0.5
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ values.double()
+
+
+def test_blocked_attention_is_softmax_attention():
+    generator = torch.Generator().manual_seed(0)
+    rows, length, dim = 5, 3 * KEY_BLOCK, 32
+    query, keys, values = (torch.randn(n, dim, generator=generator) for n in (rows, length, length))
+    visible = torch.rand(rows, length, generator=generator) < 0.7
+    visible[:, 0] = True
+    got = blocked_attention(query[None, None, None], keys[None, None, None], values[None, None, None],
+                            block_bias(visible[None, None, None]))[0, 0, 0]
+    torch.testing.assert_close(got.double(), reference_attention(query, keys, values, visible), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_past_a_query_are_skipped_exactly(dtype):
+    """The same query over its own blocks, and over extra all-masked blocks of padding (a longer
+    forward): bit-identical, in fp32 as in bf16."""
+    generator = torch.Generator().manual_seed(1)
+    dim, length = 64, 2 * KEY_BLOCK + 5
+    query = torch.randn(1, 1, 1, 3, dim, generator=generator).to(dtype)
+    keys = torch.randn(1, 1, 1, 5 * KEY_BLOCK, dim, generator=generator).to(dtype)
+    values = torch.randn(keys.shape, generator=generator).to(dtype)
+
+    def attend(width):
+        visible = (torch.arange(width) < length).expand(1, 1, 1, 3, width)
+        return blocked_attention(query, keys[..., :width, :], values[..., :width, :], block_bias(visible))
+
+    own = attend(3 * KEY_BLOCK)
+    assert torch.equal(attend(4 * KEY_BLOCK), own)
+    assert torch.equal(attend(5 * KEY_BLOCK), own)
+
+
+def test_attention_plan_chunks_a_long_forward_without_changing_a_value():
+    from specdec.models.native import attention
+
+    generator = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, steps = 4, 2, 16, 40
+    query = torch.randn(1, heads, steps, dim, generator=generator)
+    keys = torch.randn(1, kv_heads, KEY_BLOCK, dim, generator=generator)
+    values = torch.randn(keys.shape, generator=generator)
+    whole = AttentionPlan.build([0], steps, 2, None, torch.device("cpu"))
+    assert len(whole.chain) == 1
+    expected = whole.attend(query, keys, values)
+    saved = attention.QUERY_CHUNK
+    attention.QUERY_CHUNK = 7  # 6 chunks of queries, each over only the key blocks it can see
+    try:
+        chunked = AttentionPlan.build([0], steps, 2, None, torch.device("cpu"))
+        assert len(chunked.chain) == 6
+        assert torch.equal(chunked.attend(query, keys, values), expected)
+    finally:
+        attention.QUERY_CHUNK = saved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiny_model_chunkings_and_batched_rows_are_bit_identical(dtype):
+    """The probe on a tiny model, fp32 included (exact, not within 1e-5), across a block boundary."""
+    native = make_native(make_model(random_bias=True, seed=3, hidden=64), dtype=dtype)
+    report = probe_chunkings(native, [5, KEY_BLOCK - 1, KEY_BLOCK, 2 * KEY_BLOCK + 1])
+    report.extend(probe_batched_rows(native, KEY_BLOCK + 3))
+    assert len(report.cases) == 4 * 2 * (len(CHUNKINGS) - 1) + 3
+    assert report.ok, [case.name for case in report.failures]
+
+
+class RowCountDependentLinear(torch.nn.Module):
+    """A projection that rounds differently with the number of rows in the call, as a BLAS
+    library's other kernel would: the probe must catch it and the runner must go safe."""
+
+    def __init__(self, linear: torch.nn.Module) -> None:
+        super().__init__()
+        self.linear = linear
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        return self.linear(x) * (1.0 + 1e-3 * (rows > 2))
+
+
+def test_a_failing_probe_switches_the_runner_to_one_token_per_call(capsys):
+    from specdec.engine import SpecEngine
+    from specdec.proposers import NgramProposer
+    from specdec.sampling import SamplingParams
+    from conftest import make_tokenizer
+
+    model = make_model(random_bias=True, seed=4, hidden=64)
+    healthy, broken = make_native(model), make_native(model)
+    assert healthy.check_invariance() and not healthy.one_token_per_call
+    broken.decoder.head = RowCountDependentLinear(broken.decoder.head)
+    assert not broken.check_invariance()
+    assert broken.one_token_per_call
+    assert "verifying one token per call" in capsys.readouterr().err
+    # The safe path: speculative output equals plain output although the kernel is not invariant.
+    tokenizer, params = make_tokenizer(), SamplingParams(temperature=0)
+    plain = SpecEngine(broken, None, tokenizer, eos_token_ids=frozenset()).generate("abc abc abc abc", params,
+                                                                                     max_new_tokens=30)
+    spec = SpecEngine(broken, NgramProposer(), tokenizer, k=4, eos_token_ids=frozenset()).generate(
+        "abc abc abc abc", params, max_new_tokens=30)
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted_tokens > 0
+    with pytest.raises(ValueError, match="tree verification is not exact"):
+        broken.forward(torch.zeros(1, 2, dtype=torch.int64), torch.tensor([[40, 40]]),
+                       among_new=torch.eye(2, dtype=torch.bool)[None])
+    assert VOCAB_SIZE == broken.vocab_size
+
+
+def test_cheap_probe_passes_on_this_machine():
+    report = cheap_probe(make_native(make_model(random_bias=True, seed=5, hidden=64)).decoder)
+    assert report.cases and report.ok
+
+
+# fp32 under every cap (AVX2 machines run fp32); bf16 where it is the default (AVX-512 and newer).
+CAP_DTYPES = [(cap, "float32") for cap in CAPS_HERE] + [(cap, "bfloat16") for cap in CAPS_HERE if cap != "AVX2"]
+CONTEXTS = [n for power in range(4, 13) for n in (2 ** power - 1, 2 ** power + 1)]  # 15, 17, ..., 4095, 4097
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("cap,dtype", CAP_DTYPES)
+def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtype):
+    """One full-size Qwen2.5-1.5B layer with random weights, under ONEDNN_MAX_CPU_ISA=cap: projections
+    with 1..64 rows, chunkings of a 9-token window at contexts around every power of two up to 4k,
+    and ragged batched rows, all bit-identical."""
+    report_path = tmp_path / "doctor.json"
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
+    result = subprocess.run([sys.executable, "-m", "specdec.cli", "doctor", "--synthetic", "--dtype", dtype,
+                             "--contexts", ",".join(map(str, CONTEXTS)), "--json", str(report_path)],
+                            env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["facts"]["onednn_path_in_force"] == cap
+    contexts = {int(case["name"].split("context ")[1].split(",")[0]) for case in report["cases"]
+                if case["name"].startswith("model, context")}
+    assert contexts == set(CONTEXTS)
+    assert all(case["identical"] for case in report["cases"])
+    ISA_CAPS_RAN.append(f"{cap}/{dtype}")
+
+
+def test_this_cpu_runs_at_least_the_avx2_path():
+    assert set(CAPS_HERE) <= set(ISA_CAPS)
+    assert "AVX2" in CAPS_HERE  # every x86-64 CPU these machines have; the tests above need one cap at least
