@@ -68,15 +68,25 @@ def test_transformers_backend_pair_greedy_speculative_equals_plain():
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_native_decoder_reproduces_transformers_logits(name):
+    """fp32: transformers' logits to 2e-3. bf16: close in distribution over ~550 positions of real
+    text (mean KL from fp32 under 0.01 nats; measured 0.0013 and 0.0005 on an AVX512-BF16 EPYC),
+    not hinging on a couple of argmax ties; the agreement is reported."""
     reference = load_model(name, device="cpu", backend="hf", dtype="float32", progress=False)
-    ids = torch.tensor([reference.tokenizer(COPY_PROMPT + PROMPTS[1])["input_ids"]])
+    text = "Explain this module.\n\n" + inspect.getsource(textwrap_module)[:2400]
+    ids = torch.tensor([reference.tokenizer(text)["input_ids"]])
     positions = torch.arange(ids.shape[1])[None]
     expected = reference.runner.forward(ids, positions).logits
+    assert ids.shape[1] > 500
     fp32 = load_model(name, device="cpu", backend="native", dtype="float32", progress=False)
     torch.testing.assert_close(fp32.runner.forward(ids, positions).logits, expected, atol=2e-3, rtol=1e-4)
     bf16 = load_model(name, device="cpu", backend="native", dtype="bfloat16", progress=False)
-    agreement = (bf16.runner.forward(ids, positions).logits.argmax(-1) == expected.argmax(-1)).float().mean()
-    assert agreement >= 0.95
+    got = bf16.runner.forward(ids, positions).logits
+    reference_logp, logp = expected.float().log_softmax(-1), got.float().log_softmax(-1)
+    mean_kl = float((reference_logp.exp() * (reference_logp - logp)).sum(-1).mean())
+    agreement = float((got.argmax(-1) == expected.argmax(-1)).float().mean())
+    print(f"{name}: bf16 vs fp32 over {ids.shape[1]} positions: mean KL {mean_kl:.5f}, argmax agreement {agreement:.3f}")
+    assert mean_kl < 0.01
+    assert agreement > 0.9
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +100,11 @@ def plain_references(qwen_pair):
 
 
 def test_equality_prompts_include_a_long_one(qwen_pair):
+    from specdec.engine.request import encode_prompt
+
     target, _ = qwen_pair
-    lengths = [len(target.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
-                                                        add_generation_prompt=True)) for p in EQUALITY_PROMPTS]
+    lengths = [len(encode_prompt(target.tokenizer, prompt, target.runner.max_context, True, target.runner.vocab_size))
+               for prompt in EQUALITY_PROMPTS]
     assert len(EQUALITY_PROMPTS) >= 8 and max(lengths) > 1000
 
 
@@ -178,45 +190,35 @@ def test_draft_with_another_tokenizer_is_refused(qwen_pair):
         check_same_vocabulary(target.tokenizer, smol.tokenizer)
 
 
-@pytest.fixture(scope="module")
-def quick_eagle(qwen_pair, tmp_path_factory):
-    """An EAGLE head for the real target trained in seconds on a few windows of the training corpus
-    (a narrow layer, an 8k-token head vocabulary): weak, but its drafts get accepted on text like
-    what it saw, which is all greedy equality needs to exercise chains, trees and compaction."""
+def _quick_head(target, kind, tmp_path_factory):
+    """A head for the real target trained in seconds on a few windows of the training corpus (a
+    narrow layer, an 8k-token head vocabulary): weak, but some of its drafts get accepted, which is
+    all greedy equality needs to exercise chains, trees and cache compaction."""
     from specdec.models.heads import HeadConfig, frozen_vocabulary
     from specdec.models.native.reduced_vocab import frequent_token_ids
     from specdec.training.corpus import chat_texts, stdlib_documents, token_chunks
     from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
 
-    target, _ = qwen_pair
     chunks = token_chunks(target.tokenizer, chat_texts(target.tokenizer, stdlib_documents()[:40]), 96, 96 * 10)
     tokens, features = load_features(extract_features(target.runner, chunks, tmp_path_factory.mktemp("f"),
                                                       progress=False))
     vocab = frozen_vocabulary(target.runner, target.path, frequent_token_ids(target.tokenizer, 8192, 151936),
                               torch.float32)
-    config = HeadConfig.for_target("eagle", target.runner.decoder.config, intermediate_size=512)
-    path = tmp_path_factory.mktemp("head") / "eagle.safetensors"
+    config = HeadConfig.for_target(kind, target.runner.decoder.config, intermediate_size=512)
+    path = tmp_path_factory.mktemp("head") / f"{kind}.safetensors"
     train_head(config, vocab, tokens, features, path, TrainOptions(steps=40, lr=2e-3, checkpoint_every=40,
                                                                    heldout_windows=1),
                device=torch.device("cpu"), progress=False, log=lambda message: None)
-    return path, chunks
+    return path
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-tree"])
-def test_real_target_eagle_greedy_equals_plain(qwen_pair, quick_eagle, method):
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree", "medusa"])
+def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references, tmp_path_factory, method):
     from specdec.models.heads import load_head_for
-    from specdec.proposers.registry import build_proposer
+    from specdec.proposers.registry import build_proposer, head_kind
 
     target, _ = qwen_pair
-    path, chunks = quick_eagle
-    head, vocabulary = load_head_for(target, "eagle", path)
-    proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)
-    eos = target.eos_token_ids
-    plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=eos)
-    spec = SpecEngine(target.runner, proposer, target.tokenizer, k=4, eos_token_ids=eos)
-    params = SamplingParams(temperature=0)
-    prompt = chunks[1][:64]  # text like the head's training windows
-    reference = plain.generate(prompt, params, max_new_tokens=24)
-    out = spec.generate(prompt, params, max_new_tokens=24)
-    assert out.token_ids == reference.token_ids
-    assert out.stats.accepted_tokens > 0
+    kind = head_kind(method)
+    head, vocabulary = load_head_for(target, kind, _quick_head(target, kind, tmp_path_factory))
+    proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)  # chains ignore it
+    _assert_every_prompt_equal(target, proposer, plain_references, k=4)
