@@ -1,0 +1,57 @@
+"""`specdec doctor` end to end on a tiny model directory: facts, kernels, probe, verdict, exit status."""
+
+import json
+
+import pytest
+
+from conftest import make_model, make_tokenizer
+from specdec.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    make_model(random_bias=True, seed=30, hidden=64).save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_doctor_guarantees_exactness_on_a_native_model(model_dir, tmp_path, capsys):
+    report_path = tmp_path / "doctor.json"
+    status = main(["doctor", "--target", str(model_dir), "--dtype", "float32", "--contexts", "5,63,130",
+                   "--json", str(report_path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "oneDNN:" in out and "kernels:" in out and "attention: blocked" in out
+    assert "bit-exact greedy equality: GUARANTEED here" in out
+    report = json.loads(report_path.read_text())
+    names = [case["name"] for case in report["cases"]]
+    assert report["ok"] and all(case["identical"] for case in report["cases"])
+    assert any(name.startswith("projection head") for name in names)
+    assert any("context 130, chunks [3, 3, 3]" in name for name in names)
+    assert any(name.startswith("batched rows") for name in names)
+    assert report["facts"]["threads"] >= 1 and report["kernels"]["dtype"] == "float32"
+
+
+def test_doctor_says_a_transformers_backend_model_is_not_guaranteed(model_dir, tmp_path, capsys):
+    config = json.loads((model_dir / "config.json").read_text())
+    other = tmp_path / "sliding"
+    other.mkdir()
+    for file in model_dir.iterdir():
+        (other / file.name).write_bytes(file.read_bytes())
+    (other / "config.json").write_text(json.dumps(config | {"use_sliding_window": True, "sliding_window": 4}))
+    assert main(["doctor", "--target", str(other), "--dtype", "float32"]) == 1
+    assert "NOT guaranteed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("contexts", ["0", "a,b", ""])
+def test_doctor_refuses_bad_context_lengths(contexts, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--contexts", contexts])
+    assert exit_info.value.code == 2
+    assert "--contexts" in capsys.readouterr().err
+
+
+def test_doctor_with_an_unknown_model_is_a_clear_error(tmp_path, capsys):
+    assert main(["doctor", "--target", str(tmp_path / "nowhere")]) == 2
+    assert "specdec: error:" in capsys.readouterr().err
