@@ -30,6 +30,7 @@ def test_doctor_guarantees_exactness_on_a_native_model(model_dir, tmp_path, caps
     assert any(name.startswith("projection head") for name in names)
     assert any("context 130, chunks [3, 3, 3]" in name for name in names)
     assert any(name.startswith("batched rows") for name in names)
+    assert any(name.startswith("tree after context 130") for name in names)
     assert report["facts"]["threads"] >= 1 and report["kernels"]["dtype"] == "float32"
 
 

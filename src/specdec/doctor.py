@@ -3,7 +3,8 @@
 Reports the CPU/GPU features, the oneDNN path in force and the kernels the
 model runs on, then runs the invariance probe (models/native/invariance.py) at
 the model's real shapes: projections fed 1..64 rows, every chunking of a
-9-token window at several context lengths, and ragged rows decoded together.
+9-token window at several context lengths, ragged rows decoded together, and
+a draft tree verified in one forward.
 Exit status 0 when every probe is bit-identical, 1 when not, 2 on bad input.
 """
 
@@ -94,7 +95,7 @@ def cmd_doctor(args) -> int:
     from specdec.models.loader import load_model, resolve_device, resolve_dtype
     from specdec.models.native import NativeRunner
     from specdec.models.native.invariance import QWEN2_5_1_5B_LAYER, contexts_around_powers_of_two, \
-        probe_batched_rows, probe_chunkings, probe_projections, random_decoder
+        probe_batched_rows, probe_chunkings, probe_projections, probe_tree, random_decoder
 
     started = time.perf_counter()
     device = resolve_device(args.device)
@@ -131,6 +132,9 @@ def cmd_doctor(args) -> int:
     batched = probe_batched_rows(runner, contexts[len(contexts) // 2] if contexts else 64)
     _print_group("ragged rows decoded together vs alone", batched.cases)
     report.extend(batched)
+    tree = probe_tree(runner, contexts[-1] if contexts else 64)
+    _print_group("a 7-node draft tree in one forward vs each path alone", tree.cases)
+    report.extend(tree)
 
     elapsed = time.perf_counter() - started
     if report.ok:

@@ -19,7 +19,8 @@ import torch
 from conftest import VOCAB_SIZE, make_model, make_native
 from specdec.models.cpu_features import ISA_CAPS, supported_isa_caps
 from specdec.models.native.attention import KEY_BLOCK, AttentionPlan, blocked_attention, block_bias
-from specdec.models.native.invariance import CHUNKINGS, cheap_probe, probe_batched_rows, probe_chunkings
+from specdec.models.native.invariance import CHUNKINGS, cheap_probe, probe_batched_rows, probe_chunkings, \
+    probe_tree
 
 CAPS_HERE = supported_isa_caps()
 ISA_CAPS_RAN: list[str] = []  # read by conftest's terminal summary
@@ -88,7 +89,8 @@ def test_tiny_model_chunkings_and_batched_rows_are_bit_identical(dtype):
     native = make_native(make_model(random_bias=True, seed=3, hidden=64), dtype=dtype)
     report = probe_chunkings(native, [5, KEY_BLOCK - 1, KEY_BLOCK, 2 * KEY_BLOCK + 1])
     report.extend(probe_batched_rows(native, KEY_BLOCK + 3))
-    assert len(report.cases) == 4 * 2 * (len(CHUNKINGS) - 1) + 3
+    report.extend(probe_tree(native, KEY_BLOCK - 2))  # the tree's paths cross a block boundary
+    assert len(report.cases) == 4 * 2 * (len(CHUNKINGS) - 1) + 3 + 3  # 3 rows, 3 tree paths (leaves)
     assert report.ok, [case.name for case in report.failures]
 
 
@@ -147,7 +149,7 @@ CONTEXTS = [n for power in range(4, 13) for n in (2 ** power - 1, 2 ** power + 1
 def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtype):
     """One full-size Qwen2.5-1.5B layer with random weights, under ONEDNN_MAX_CPU_ISA=cap: projections
     with 1..64 rows, chunkings of a 9-token window at contexts around every power of two up to 4k,
-    and ragged batched rows, all bit-identical."""
+    ragged batched rows and a draft tree, all bit-identical."""
     report_path = tmp_path / "doctor.json"
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
     result = subprocess.run([sys.executable, "-m", "specdec.cli", "doctor", "--synthetic", "--dtype", dtype,

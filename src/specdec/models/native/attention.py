@@ -26,9 +26,17 @@ number of splits), in FlashDecoding's split-KV form (Dao et al. 2023):
    after it in that order, so they add nothing: they are skipped, not
    summed as zeros among real terms.
 
-What remains is that a GEMM's row does not depend on how many rows share the
-call (one row is fed twice: BLAS has a gemv path for one row); the tests and
-`specdec doctor` check that at the real model's shapes under every oneDNN ISA.
+Query rows are padded to whole ROW_TILE tiles: with fewer rows BLAS takes
+other paths (a gemv for one row; in fp32 at head_dim 16, 2 rows rounded unlike
+18). What remains is that a GEMM's row does not depend on how many whole tiles
+share the call; native/invariance.py checks that at the real model's shapes
+(the tests under every oneDNN ISA cap, `specdec doctor` on the user's machine).
+
+Cost, measured on a 2-core AVX512-BF16 EPYC (Qwen2.5-1.5B heads, one layer,
+`python benchmarks/attention_invariance.py`): at 128-512 cached tokens a decode step's
+attention takes ~165-225 us against ~110-170 us for the unblocked two-matmul
+form; at 4k tokens ~1.9 ms against ~0.75 ms, most of it the fp32 copies of
+keys and values (a blocked fp32 cache layout would remove them).
 """
 
 from __future__ import annotations
@@ -53,9 +61,10 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     query  [B, Hkv, Q, M, D]        M query rows per key sequence (grouped heads x tokens)
     keys   [B, Hkv, Qk, S, D]       Qk = Q (a key sequence per query group) or 1 (shared)
     values [B, Hkv, Qk, S, D]       S = nb * KEY_BLOCK
-    bias   [B, 1, Q, nb, M|1, blk]  block_bias(): 0 where a row sees a key, -inf where not
-    returns [B, Hkv, Q, M, D]       in values.dtype; computed in fp32 throughout (the
-                                    upcast copies no more than the blocked view did)
+    bias   [B, 1, Q, nb, M'|1, blk] block_bias(): 0 where a row sees a key, -inf where not;
+                                    M' = M padded to whole ROW_TILE tiles
+    returns [B, Hkv, Q, M, D]       in values.dtype; computed in fp32 throughout (bf16
+                                    keys would be copied out of the cache's layout anyway)
 
     Worked example, KEY_BLOCK = 2, one query at position 2 (keys 0, 1, 2 visible, S = 4):
     blocks {0, 1} and {2, 3}; block 1's key 3 is masked, so its weight is exactly 0;
@@ -65,12 +74,9 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     is all masked, gets r = 0 and comes last: the same terms in the same order.
     """
     batch, kv_heads, groups, rows, dim = query.shape
-    if rows % ROW_TILE:  # BLAS takes other paths for few rows (gemv for one): pad to whole tiles
-        padding = ROW_TILE - rows % ROW_TILE
-        query = torch.nn.functional.pad(query, (0, 0, 0, padding))
-        if bias.shape[-2] > 1:
-            bias = torch.nn.functional.pad(bias, (0, 0, 0, padding))  # padding rows see everything: finite
-        return blocked_attention(query, keys, values, bias)[..., :rows, :]
+    if rows % ROW_TILE:  # see the module docstring: pad to whole tiles, drop the padding after
+        padded = torch.nn.functional.pad(query, (0, 0, 0, round_up(rows, ROW_TILE) - rows))
+        return blocked_attention(padded, keys, values, bias)[..., :rows, :]
     blocks = keys.shape[-2] // KEY_BLOCK
     key_blocks = keys.float().unflatten(-2, (blocks, KEY_BLOCK))  # [B, Hkv, Qk, nb, blk, D]
     value_blocks = values.float().unflatten(-2, (blocks, KEY_BLOCK))
@@ -97,7 +103,13 @@ def running_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def block_bias(visible: torch.Tensor) -> torch.Tensor:
-    """visible [B, 1, Q, M, S] bool -> bias [B, 1, Q, nb, M, KEY_BLOCK] fp32: 0 if seen, -inf if not."""
+    """visible [B, 1, Q, M, S] bool -> bias [B, 1, Q, nb, M', KEY_BLOCK] fp32: 0 if seen, -inf if not.
+
+    M' = M padded to whole ROW_TILE tiles (M == 1 stays a row broadcast to all);
+    padding rows see every key, so their values stay finite (they are dropped)."""
+    rows = visible.shape[-2]
+    if rows > 1 and rows % ROW_TILE:
+        visible = torch.nn.functional.pad(visible, (0, 0, 0, round_up(rows, ROW_TILE) - rows), value=True)
     blocked = visible.unflatten(-1, (visible.shape[-1] // KEY_BLOCK, KEY_BLOCK)).transpose(3, 4)
     zeros = torch.zeros((), dtype=torch.float32, device=visible.device)
     return torch.where(blocked, zeros, float("-inf"))
@@ -110,7 +122,7 @@ class ChainChunk:
     first: int
     last: int
     length: int
-    bias: torch.Tensor  # [B, 1, 1, nb, G * (last - first), KEY_BLOCK]
+    bias: torch.Tensor  # [B, 1, 1, nb, G * (last - first) in whole ROW_TILEs, KEY_BLOCK]
 
     @staticmethod
     def plan(starts: list[int], steps: int, groups: int, device: torch.device) -> list[ChainChunk]:

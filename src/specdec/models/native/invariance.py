@@ -12,7 +12,9 @@ on the machine it runs on and at the model's real shapes:
   [1]*9, [9], [3,3,3], [5,4], [2,2,2,2,1], gives bit-identical hidden states
   and logits;
 - batched rows: three rows of different lengths decoded together equal each
-  row decoded alone.
+  row decoded alone;
+- trees: a 7-node draft tree verified in one forward equals each of its paths
+  decoded one token at a time.
 
 `cheap_probe` (projections plus attention on random tensors at the model's head
 dimensions; well under a second) runs once per loaded native runner;
@@ -192,6 +194,34 @@ def probe_batched_rows(runner, context: int, seed: int = 0) -> InvarianceReport:
         expected, _ = _window(alone, ids[:, :length], ids[:, length:], CHUNKINGS[0])
         report.add(f"batched rows {lengths}, chunks [4, 5]: row {index} vs alone", together[index:index + 1],
                    expected)
+    return report
+
+
+TREE_PARENTS = (-1, -1, 0, 0, 2, 1, 4)  # root -> 0 -> {2 -> 4 -> 6, 3}; root -> 1 -> 5 (sampling/tree.py)
+
+
+@torch.inference_mode()
+def probe_tree(runner, context: int, seed: int = 0) -> InvarianceReport:
+    """A tree of 7 drafts after the root token, verified in one forward (tree verification):
+    each node's logits must be bit-identical to its path decoded one token at a time."""
+    from specdec.sampling.tree import tree_attention_mask, tree_depths, tree_paths
+
+    report = InvarianceReport()
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, runner.vocab_size, (1, context + 1 + len(TREE_PARENTS)), generator=generator)
+    prefix, root, nodes = ids[:, :context], ids[:, context:context + 1], ids[:, context + 1:]
+    runner.reset()
+    runner.forward(prefix, torch.arange(context)[None], last_n_logits=1)
+    positions = context + torch.tensor([[0, *tree_depths(TREE_PARENTS)]])
+    tree = runner.forward(torch.cat([root, nodes], dim=1), positions,
+                          among_new=tree_attention_mask(TREE_PARENTS)[None]).logits
+    for path in tree_paths(TREE_PARENTS):
+        runner.truncate([context])
+        path_ids = torch.cat([root, nodes[:, path]], dim=1)
+        expected, _ = _window(runner, prefix, path_ids, (1,) * path_ids.shape[1])
+        report.add(f"tree after context {context}: path {list(path)} vs one token at a time",
+                   tree[:, [0] + [node + 1 for node in path]], expected)
+    runner.reset()
     return report
 
 
