@@ -84,7 +84,8 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     head_vocab (native backend): the output head scores only this many tokens,
     the most frequent ones (a reduced-vocabulary draft head, reduced_vocab.py).
     role: "target" runs the cheap batch-invariance probe on a native runner once
-    (NativeRunner.check_invariance); "draft" skips it (a draft's numerics never
+    (NativeRunner.check_invariance) and says on stderr that a transformers-backend
+    target is not provably exact; "draft" does neither (a draft's numerics never
     reach the output).
     """
     if backend not in BACKENDS:
@@ -135,6 +136,10 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
             runner.check_invariance()
     else:
         runner = _load_hf_runner(path, torch_dtype, torch_device, cpu_linear)
+        if role == "target":
+            print(f"specdec: {name_or_path} runs on the transformers backend, whose kernels are chosen by shape: "
+                  "speculative greedy output usually, but not provably, equals plain output (the native "
+                  "backend guarantees it; `specdec doctor` explains)", file=sys.stderr)
     return LoadedModel(name_or_path, path, runner, tokenizer, time.perf_counter() - started, backend, torch_dtype,
                        quantize, _eos_ids(path, tokenizer), head_vocab if backend == "native" else None)
 
