@@ -121,6 +121,8 @@ def test_a_failing_probe_switches_the_runner_to_one_token_per_call(capsys):
     assert not broken.check_invariance()
     assert broken.one_token_per_call
     assert "verifying one token per call" in capsys.readouterr().err
+    # Through the whole model, chunkings and ragged rows are exact again on the safe path.
+    assert probe_chunkings(broken, [20]).extend(probe_batched_rows(broken, 20)).ok
     # The safe path: speculative output equals plain output although the kernel is not invariant.
     tokenizer, params = make_tokenizer(), SamplingParams(temperature=0)
     plain = SpecEngine(broken, None, tokenizer, eos_token_ids=frozenset()).generate("abc abc abc abc", params,

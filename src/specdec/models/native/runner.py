@@ -107,16 +107,14 @@ class NativeRunner:
             raise ValueError("tree verification is not exact on this machine (the invariance probe failed; "
                              "see `specdec doctor`): use a chain method such as draft or ngram")
         first = 0 if rows is None else rows.indices(self.batch_size)[0]
-        logits, hidden = [], []
+        per_row = []  # (logits [1, T, V], hidden [1, T, H]) of each row
         for row in range(token_ids.shape[0]):
             cache = self.cache.rows(first + row, first + row + 1)
-            for step in range(token_ids.shape[1]):
-                out = self.decoder(token_ids[row:row + 1, step:step + 1], positions[row:row + 1, step:step + 1], cache)
-                logits.append(out[0])
-                hidden.append(out[1])
-        width = token_ids.shape[1]
-        return (torch.cat([torch.cat(logits[r * width:(r + 1) * width], dim=1) for r in range(token_ids.shape[0])]),
-                torch.cat([torch.cat(hidden[r * width:(r + 1) * width], dim=1) for r in range(token_ids.shape[0])]))
+            steps = [self.decoder(token_ids[row:row + 1, t:t + 1], positions[row:row + 1, t:t + 1], cache)
+                     for t in range(token_ids.shape[1])]
+            per_row.append((torch.cat([logits for logits, _ in steps], dim=1),
+                            torch.cat([hidden for _, hidden in steps], dim=1)))
+        return torch.cat([logits for logits, _ in per_row]), torch.cat([hidden for _, hidden in per_row])
 
     def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None:
         cache = self._cache_rows(rows)
