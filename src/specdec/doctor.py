@@ -44,7 +44,7 @@ def add_doctor_command(sub) -> None:
     doctor.add_argument("--quantize", choices=["none", "int8", "int4"], default="none",
                         help="the target's weight format (default: none)")
     doctor.add_argument("--contexts", type=_int_list, default=None, metavar="N,N,...",
-                        help="context lengths for the chunking probe (default: 64,255,1024 for a model; "
+                        help="context lengths for the chunking probe (default: 64,255,513 for a model; "
                              "16..4097 around every power of two with --synthetic)")
     doctor.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
 
@@ -115,7 +115,7 @@ def cmd_doctor(args) -> int:
                   "bit-exact greedy equality is NOT guaranteed (only the native decoder is built for it)")
             return 1
         runner, model = loaded.runner, loaded.describe()
-        contexts = args.contexts or [64, 255, 1024]
+        contexts = args.contexts or [64, 255, 513]
     contexts = [c for c in contexts if c + 16 <= runner.max_context]
     kernels = kernels_in_use(runner.decoder)
     print(f"model:     {model}")
