@@ -107,7 +107,8 @@ def test_native_and_transformers_backends_agree_in_fp32(capsys, model_dirs):
     outputs = {}
     for backend in ("native", "hf"):
         code, out, err = run(capsys, "generate", "--target", model_dirs["target"], "--backend", backend,
-                             "--dtype", "float32", "--method", "autoregressive", "--max-new-tokens", "25",
+                             "--dtype", "float32", "--quantize", "none", "--method", "autoregressive",
+                             "--max-new-tokens", "25",
                              "--json", "hello world")
         assert code == 0
         outputs[backend] = json.loads(out)["token_ids"]

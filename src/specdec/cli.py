@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8")  # models/native/linear.py (not imported: keeps --help fast)
 
 EPILOG_GENERATE = """\
 examples:
@@ -55,11 +56,15 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
     parser.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
                         help="native: specdec's own Qwen2/Llama decoder (static KV cache, int8/int4 weights); "
                              "hf: any transformers model; auto (default): native where supported, else hf")
-    parser.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
-                        help="weight-only quantization of the target (native backend; default: none). "
-                             "Changes the target's output slightly: see benchmarks/RESULTS.md for agreement")
+    parser.add_argument("--quantize", default="auto", choices=["auto", *QUANTIZATIONS],
+                        help="the target's weights: none (the --dtype), int8/int4 weight-only, or w8a8 "
+                             "(int8 weights and activations, integer matmuls: verifying k+1 tokens costs "
+                             "little more than one). Native backend. Default: auto = w8a8 on a CPU with "
+                             "VNNI or AMX, else none. Speculation is lossless against the target as "
+                             "quantized; quantizing changes the target's own output slightly (README: "
+                             "'What the fast default costs')")
     if draft:
-        parser.add_argument("--draft-quantize", default="auto", choices=["auto", "none", "int8", "int4"],
+        parser.add_argument("--draft-quantize", default="auto", choices=["auto", *QUANTIZATIONS],
                             help="the draft's weights; never changes the output, only the speed "
                                  "(default: auto = int4 on a CPU with bf16, else none)")
         parser.add_argument("--draft-vocab", type=_positive_int, default=None, metavar="N",

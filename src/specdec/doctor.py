@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from specdec.models.native.linear import QUANTIZATIONS
+
 EPILOG = """examples:
   specdec doctor                          the embedded target, as generate/demo load it
   specdec doctor --target ./my-model      your own Hugging Face directory (Qwen2/Llama run natively)
@@ -41,8 +43,9 @@ def add_doctor_command(sub) -> None:
                         help="probe one Qwen2.5-1.5B-sized layer with random weights instead of --target")
     doctor.add_argument("--device", default="auto", help="cpu, cuda, ... (default: auto)")
     doctor.add_argument("--dtype", default="auto", help="auto (as generate picks it), float32, bfloat16")
-    doctor.add_argument("--quantize", choices=["none", "int8", "int4"], default="none",
-                        help="the target's weight format (default: none)")
+    doctor.add_argument("--quantize", choices=["auto", *QUANTIZATIONS], default="auto",
+                        help="the target's weight format (default: auto, as generate picks it: "
+                             "w8a8 on a CPU with VNNI or AMX, else none)")
     doctor.add_argument("--contexts", type=_int_list, default=None, metavar="N,N,...",
                         help="context lengths for the chunking probe (default: 64,255,513 for a model; "
                              "16..4097 around every power of two with --synthetic)")
@@ -92,7 +95,7 @@ def kernels_in_use(decoder) -> dict:
 
 
 def cmd_doctor(args) -> int:
-    from specdec.models.loader import load_model, resolve_device, resolve_dtype
+    from specdec.models.loader import auto_quantization, load_model, resolve_device, resolve_dtype
     from specdec.models.native import NativeRunner
     from specdec.models.native.invariance import QWEN2_5_1_5B_LAYER, contexts_around_powers_of_two, \
         probe_batched_rows, probe_chunkings, probe_projections, probe_tree, random_decoder
@@ -103,13 +106,15 @@ def cmd_doctor(args) -> int:
     _print_facts(facts)
     if args.synthetic:
         dtype = resolve_dtype(args.dtype, device, "native")
-        decoder = random_decoder(QWEN2_5_1_5B_LAYER, dtype=dtype, device=device, quantize=args.quantize)
+        quantize = (auto_quantization("native", device, dtype, "target") if args.quantize == "auto"
+                    else args.quantize)
+        decoder = random_decoder(QWEN2_5_1_5B_LAYER, dtype=dtype, device=device, quantize=quantize)
         runner = NativeRunner(decoder, initial_cache_len=4096 + 64)
         model = "one Qwen2.5-1.5B-sized layer, random weights"
         contexts = args.contexts or contexts_around_powers_of_two(4096)
     else:
         loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                            role="draft")  # the probe below is the full one
+                            probe=False)  # the probe below is the full one
         if loaded.backend != "native":
             print(f"model: {args.target} runs on the transformers backend: its kernels are transformers' own; "
                   "bit-exact greedy equality is NOT guaranteed (only the native decoder is built for it)")

@@ -19,8 +19,11 @@ def test_humaneval_and_mt_bench_come_from_their_packages():
 
 
 def test_the_projects_own_tasks_cover_the_spec_bench_categories():
-    categories = {p.category for p in written()}
-    assert categories == {"code-edit", "extraction", "retrieval-qa", "translation", "math"}
+    prompts = written()
+    assert {p.category for p in prompts} == {"code-edit", "extraction", "retrieval-qa", "translation", "math", "rag"}
+    rag = [p for p in prompts if p.category == "rag"]
+    # Long-context: each carries a 3,200-character document (about 700-850 tokens) and a question.
+    assert len(rag) == 3 and all(len(p.turns[0]) > 3300 and "Question:" in p.turns[0] for p in rag)
 
 
 def test_select_spreads_over_a_category():

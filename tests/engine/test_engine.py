@@ -56,7 +56,8 @@ def test_perfect_draft_accepts_everything_and_matches_plain(plain, tokenizer):
     out = engine.generate(PROMPT, max_new_tokens=40)
     assert out.token_ids == reference.token_ids and out.text == reference.text
     assert out.stats.acceptance_rate == 1.0
-    assert out.stats.mean_accepted_length == pytest.approx(40 / 8)  # 8 steps of 4 accepted + 1 bonus
+    # A plain first step (the draft reads nothing yet), then steps of 4 accepted + 1 bonus.
+    assert out.stats.mean_accepted_length == pytest.approx(40 / 9)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -76,6 +77,25 @@ def test_scripted_draft_forces_every_acceptance_count(plain, tokenizer, k):
     out = SpecEngine(plain.target, proposer, tokenizer, k=k).generate(PROMPT, max_new_tokens=60)
     assert out.token_ids == reference.token_ids
     assert set(range(k + 1)) <= set(proposer.seen_accepted)
+
+
+def test_a_long_prompt_is_read_in_chunks_before_drafting(plain, tokenizer):
+    """The draft reads a long prompt a chunk per step: the first steps are plain (the first
+    token is not held up by the draft's prefill), then it drafts, and the output is plain's."""
+    prompt = " ".join(["the quick brown fox jumps"] * 3)
+    reference = plain.generate(prompt, max_new_tokens=30)
+    prompt_len = len(reference.prompt_token_ids)
+    draft = HFRunner(make_model(seed=0))  # the target's weights: every draft is accepted
+    proposer = DraftModelProposer(draft, catch_up_chunk=8)
+    engine = SpecEngine(plain.target, proposer, tokenizer, k=4)
+    steps = list(engine.stream(prompt, max_new_tokens=30))
+    out = engine.generate(prompt, max_new_tokens=30)
+    assert out.token_ids == reference.token_ids
+    plain_steps = (prompt_len - 1) // 8  # chunks read while more than 8 tokens were behind
+    assert prompt_len > 3 * 8 and all(len(step.token_ids) == 1 for step in steps[:plain_steps])
+    assert out.stats.drafted_tokens > 0 and out.stats.acceptance_rate == 1.0
+    with pytest.raises(ValueError, match="catch_up_chunk"):
+        DraftModelProposer(draft, catch_up_chunk=0)
 
 
 def test_draft_cache_tracks_the_committed_tokens(plain, tokenizer):
@@ -168,6 +188,25 @@ def _copyable_prompt(target: HFRunner, params: SamplingParams) -> list[int]:
     return [3, b, 4, 3]
 
 
+class Counting:
+    """Passes through to a proposer, counting drafted and accepted tokens."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.drafted, self.accepted = inner, 0, 0
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def propose(self, ctx, max_k):
+        proposal = self.inner.propose(ctx, max_k)
+        self.drafted += int(proposal.num_tokens.sum())
+        return proposal
+
+    def on_verified(self, num_accepted):
+        self.accepted += int(num_accepted.sum())
+        self.inner.on_verified(num_accepted)
+
+
 PROPOSERS = {  # name -> (proposer factory, whether the first step copies from the prompt)
     "draft": (lambda draft: DraftModelProposer(draft), False),
     "ngram": (lambda draft: NgramProposer(), True),
@@ -196,15 +235,15 @@ def test_speculative_sampling_is_lossless_end_to_end(params, method):
     prompt = _copyable_prompt(target, params) if copies else [3, 9, 4]
     joint = _joint_law_of_two_tokens(target, prompt, params)
 
-    engine = SpecEngine(target, make_proposer(draft), None, k=2)
+    proposer = Counting(make_proposer(draft))
+    engine = SpecEngine(target, proposer, None, k=2)
     counts = torch.zeros(VOCAB_SIZE * VOCAB_SIZE, dtype=torch.float64)
-    accepted = drafted = 0
     runs = 2000
-    for seed in range(runs):
-        out = engine.generate(prompt, SamplingParams(params.temperature, params.top_k, seed=seed), max_new_tokens=2)
-        counts[out.token_ids[0] * VOCAB_SIZE + out.token_ids[1]] += 1
-        accepted += out.stats.accepted_tokens
-        drafted += out.stats.drafted_tokens
+    # sample_continuations drafts from the very first token (generate() keeps a request's first
+    # step plain, for its time to first token), so both tokens come out of speculative steps.
+    for drawn in engine.sample_continuations(prompt, params, runs, min_tokens=2):
+        counts[drawn[0] * VOCAB_SIZE + drawn[1]] += 1
+    accepted, drafted = proposer.accepted, proposer.drafted
     assert 0 < accepted < drafted, "both acceptance and rejection must be exercised"
     assert counts[joint == 0].sum() == 0
     big = joint * runs >= 5

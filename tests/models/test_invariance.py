@@ -141,21 +141,26 @@ def test_cheap_probe_passes_on_this_machine():
     assert report.cases and report.ok
 
 
-# fp32 under every cap (AVX2 machines run fp32); bf16 where it is the default (AVX-512 and newer).
-CAP_DTYPES = [(cap, "float32") for cap in CAPS_HERE] + [(cap, "bfloat16") for cap in CAPS_HERE if cap != "AVX2"]
+# fp32 under every cap (AVX2 machines run fp32); bf16 where it is the default (AVX-512 and newer);
+# w8a8 weights (integer matmuls) where a cap has VNNI.
+VNNI_CAPS = ("AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_AMX")
+CAP_DTYPES = ([(cap, "float32", "none") for cap in CAPS_HERE]
+              + [(cap, "bfloat16", "none") for cap in CAPS_HERE if cap != "AVX2"]
+              + [(cap, "bfloat16", "w8a8") for cap in CAPS_HERE if cap in VNNI_CAPS])
 CONTEXTS = [n for power in range(4, 13) for n in (2 ** power - 1, 2 ** power + 1)]  # 15, 17, ..., 4095, 4097
 
 
 @pytest.mark.isa
-@pytest.mark.parametrize("cap,dtype", CAP_DTYPES)
-def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtype):
+@pytest.mark.parametrize("cap,dtype,quantize", CAP_DTYPES)
+def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtype, quantize):
     """One full-size Qwen2.5-1.5B layer with random weights, under ONEDNN_MAX_CPU_ISA=cap: projections
     with 1..64 rows, chunkings of a 9-token window at contexts around every power of two up to 4k,
     ragged batched rows and a draft tree, all bit-identical."""
     report_path = tmp_path / "doctor.json"
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
     result = subprocess.run([sys.executable, "-m", "specdec.cli", "doctor", "--synthetic", "--dtype", dtype,
-                             "--contexts", ",".join(map(str, CONTEXTS)), "--json", str(report_path)],
+                             "--quantize", quantize, "--contexts", ",".join(map(str, CONTEXTS)),
+                             "--json", str(report_path)],
                             env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
@@ -164,7 +169,7 @@ def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtyp
                 if case["name"].startswith("model, context")}
     assert contexts == set(CONTEXTS)
     assert all(case["identical"] for case in report["cases"])
-    ISA_CAPS_RAN.append(f"{cap}/{dtype}")
+    ISA_CAPS_RAN.append(f"{cap}/{dtype}" + ("" if quantize == "none" else f"/{quantize}"))
 
 
 def test_this_cpu_runs_at_least_the_avx2_path():

@@ -97,7 +97,7 @@ def test_chat_applies_the_template(client, reference):
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_streaming_yields_the_same_text_then_usage(client, endpoint):
-    common = dict(model=MODEL_NAME, max_tokens=40, temperature=0.8, seed=7)
+    common = dict(model=MODEL_NAME, max_tokens=40, temperature=0.8, seed=7, extra_body={"ignore_eos": True})
     if endpoint == "chat":
         messages = [{"role": "user", "content": "tell me a story"}]
         whole = client.chat.completions.create(messages=messages, **common).choices[0].message.content

@@ -97,8 +97,12 @@ def expected_tokens_from_rates(rates: Sequence[float]) -> float:
 
 
 def best_k(rates: float | Sequence[float], draft_step_s: float, verify_s: Callable[[int], float],
-           max_k: int) -> int:
-    """argmax over k in 1..max_k of predicted tokens/s, expected tokens / (k draft_step_s + verify_s(k)).
+           max_k: int, min_k: int = 1) -> int:
+    """argmax over k in min_k..max_k of predicted tokens/s, expected tokens / (k draft_step_s + verify_s(k)).
+
+    min_k = 0 lets "do not draft" win (1 token per verify_s(0), plain decoding) where
+    drafting cannot pay: a slow draft, low acceptance, or verification that costs
+    nearly k + 1 steps.
 
     rates: one alpha (Leviathan et al.'s i.i.d. model) or a conditional rate per
     draft position (expected_tokens_from_rates; at least max_k of them).
@@ -116,7 +120,7 @@ def best_k(rates: float | Sequence[float], draft_step_s: float, verify_s: Callab
     def tokens_per_s(k: int) -> float:
         return expected_tokens_from_rates(rates[:k]) / (k * draft_step_s + verify_s(k))
 
-    return max(range(1, max_k + 1), key=lambda k: (tokens_per_s(k), -k))
+    return max(range(min_k, max_k + 1), key=lambda k: (tokens_per_s(k), -k))
 
 
 def speedup_from_step_times(tokens_per_loop: float, k: int, draft_step_s: float, target_step_s: float) -> float:

@@ -139,6 +139,7 @@ def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, 
         turns.append(dict(
             prompt_tokens=stats.prompt_tokens, tokens=stats.generated_tokens, seconds=stats.total_time_s,
             prefill_seconds=stats.prefill_time_s, decode_seconds=stats.decode_time_s,
+            first_token_seconds=stats.first_token_s,
             target_forwards=stats.target_forwards, drafted_tokens=stats.drafted_tokens,
             accepted_tokens=stats.accepted_tokens, accepted_per_step=stats.accepted_per_step,
             drafted_per_position=stats.drafted_per_position, accepted_per_position=stats.accepted_per_position,

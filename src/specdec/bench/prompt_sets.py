@@ -6,7 +6,8 @@ Sources (Spec-Bench, Xia et al. 2024, arXiv 2401.07851, groups tasks the same wa
              (LMSYS FastChat, Apache-2.0): only its question file is read, the
              package is installed without its dependencies and never imported;
   specdec    prompts this project wrote: code editing, summarisation / extraction
-             over a given text, retrieval-style QA, translation, math word problems;
+             over a given text, retrieval-style QA, translation, math word problems,
+             and long-context questions over ~800 tokens of source code (rag);
   free, code the open-generation and write-a-function suites of bench/suites.py;
   a path     your own JSONL, one {"question_id", "category", "turns": [...]} per line.
 
@@ -119,10 +120,30 @@ _WRITTEN: list[tuple[str, str]] = [
 ]
 
 
+# Long-context questions over a document (retrieval-augmented answers): ~700-850 prompt tokens,
+# the first 3,200 characters of a module of Python's own standard library (so the text varies
+# slightly with the Python version), and a question the excerpt answers.
+_RAG = [
+    ("textwrap", "What do the break_long_words and break_on_hyphens options of TextWrapper do?"),
+    ("sched", "How does the scheduler decide which event runs next, and what does enterabs return?"),
+    ("shlex", "What changes when a shlex instance is created with punctuation_chars?"),
+]
+
+
+def _rag_prompts() -> list[tuple[str, str]]:
+    import importlib
+    import inspect
+
+    return [("rag", f"Answer the question using the source code below.\n\n```python\n"
+                    f"{inspect.getsource(importlib.import_module(module))[:3200]}\n```\n\nQuestion: {question}")
+            for module, question in _RAG]
+
+
 def written() -> list[BenchPrompt]:
-    """The project's own tasks; the code-edit and extraction prompts are the input-grounded suite."""
+    """The project's own tasks; the code-edit and extraction prompts are the input-grounded suite,
+    the rag prompts the long-context one."""
     pairs = [(("extraction" if category == "extract" else category), text)
-             for category, text in SUITES["input-grounded"]] + _WRITTEN
+             for category, text in SUITES["input-grounded"]] + _WRITTEN + _rag_prompts()
     return _numbered("specdec", pairs)
 
 

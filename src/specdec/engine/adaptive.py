@@ -23,7 +23,10 @@ step the engine tells an AdaptiveK what happened, and before the next one asks i
               (ten times a draft step on the embedded pair), and one such outlier
               in a mean held k at 1 for twenty steps;
   k           analysis/theory.py's best_k: the argmax over k of predicted tokens/s,
-              expected tokens (Equation 1, per-position rates) / (k draft_s + verify_s(k + 1)).
+              expected tokens (Equation 1, per-position rates) / (k draft_s + verify_s(k + 1)),
+              k = 0 (plain decoding) included: where no k is predicted to beat a plain
+              step, the engine decodes plainly, and every `explore_every`-th such step
+              drafts one token so the rates can recover when the text changes.
 
 This only changes how many tokens are proposed, never how they are verified, so
 speculation stays exactly as lossless as with a fixed k (tests pin it).
@@ -87,7 +90,8 @@ class AdaptiveK:
     """
 
     def __init__(self, max_k: int = 8, start_k: int = 4, decay: float = 0.85, engine_decay: float = 0.995,
-                 cost_window: int = 32, prior_weight: float = 2.0, prior_rate: float = 0.5) -> None:
+                 cost_window: int = 32, prior_weight: float = 2.0, prior_rate: float = 0.5,
+                 explore_every: int = 8) -> None:
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {max_k!r}")
         if not all(0 < d < 1 for d in (decay, engine_decay)):
@@ -98,6 +102,8 @@ class AdaptiveK:
         self.engine_decay = engine_decay  # per step, the engine-wide counts (half-life ~140 steps)
         self.prior_weight = prior_weight  # trials a prior is worth, per position
         self.prior_rate = prior_rate  # the engine's rate at position 0 before anything is measured
+        self.explore_every = explore_every  # plain steps in a row before one drafted token is tried
+        self._plain_in_a_row = 0
         # Engine-wide: costs, and acceptance counts per position over every request (the prior).
         self._draft_s = _RecentTimes(cost_window)  # seconds per drafted token (x unused)
         self._verify_s = _RecentTimes(cost_window)  # seconds to verify n tokens, x = n
@@ -128,7 +134,12 @@ class AdaptiveK:
         draft_s, verify = self._draft_s.median(), self._verify_s.predictor()
         if draft_s is None or verify is None:
             return self.start_k  # nothing measured yet
-        return best_k(self.rates(), draft_s, lambda k: max(verify(k + 1), 1e-9), self.max_k)
+        k = best_k(self.rates(), draft_s, lambda k: max(verify(k + 1), 1e-9), self.max_k, min_k=0)
+        if k > 0:
+            self._plain_in_a_row = 0
+            return k
+        self._plain_in_a_row += 1
+        return 1 if self._plain_in_a_row % self.explore_every == 0 else 0
 
     def record(self, *, drafted: int, accepted: int, draft_s: float, verified_tokens: int, verify_s: float) -> None:
         """One step: drafted and accepted tokens, the proposer's time, tokens verified and the target's time.

@@ -165,7 +165,9 @@ class BatchEngine:
         lengths = [len(row.tokens) for row in rows]
         # Every row writes k+1 positions, so the fullest row bounds k for all.
         room = min(self.max_context - length for length in lengths)
-        max_ks = [max(0, min(self.k, row.request.remaining - 1, room - 1)) for row in rows]
+        # A request's first step is plain, as in SpecEngine (its first token as soon as plain decoding's).
+        max_ks = [0 if row.stats.target_forwards == 0 else max(0, min(self.k, row.request.remaining - 1, room - 1))
+                  for row in rows]
         if self.spec_max_batch is not None and batch > self.spec_max_batch:
             max_ks = [0] * batch  # plain decoding this step; the draft catches up when speculation resumes
 

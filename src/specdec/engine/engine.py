@@ -248,7 +248,7 @@ class SpecEngine:
         tokens = torch.tensor([request.prompt_ids], dtype=torch.int64, device=device)  # [1, L]
         stats.prompt_tokens = tokens.shape[1]
 
-        started = time.perf_counter()
+        started = request_started = time.perf_counter()
         if self.proposer is not None:
             self.proposer.reset()
         if self.adaptive is not None:
@@ -262,8 +262,11 @@ class SpecEngine:
             if context_left <= 0:
                 request.finish("length")
                 break
-            # At most remaining-1 drafts: a step emits num_accepted + 1 tokens.
-            max_k = min(self._next_k(), request.remaining - 1, context_left - 1)
+            # At most remaining-1 drafts: a step emits num_accepted + 1 tokens. The first step is
+            # plain, so the first token comes as soon as plain decoding's (time to first token):
+            # a proposer's own prefill (a draft model reading the prompt) starts at the second.
+            first_step = stats.target_forwards == 0
+            max_k = 0 if first_step else min(self._next_k(), request.remaining - 1, context_left - 1)
             ctx = ProposeContext(tokens, request.params, generator, self.target.vocab_size)
             step = self._step(ctx, max_k)
             kept = request.commit(step.tokens)
@@ -271,6 +274,8 @@ class SpecEngine:
             if kept:
                 tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
             stats.decode_time_s = time.perf_counter() - started
+            if kept and not stats.first_token_s:
+                stats.first_token_s = time.perf_counter() - request_started
             yield kept
 
     def _next_k(self) -> int:

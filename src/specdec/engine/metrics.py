@@ -23,6 +23,7 @@ class RequestStats:
     accepted_per_step: list[int] = field(default_factory=list)  # [s] drafts accepted in decode step s
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
+    first_token_s: float = 0.0  # time to first token: prefill plus the step that emitted it
 
     def record_step(self, num_draft: int, num_accepted: int, num_emitted: int) -> None:
         self.target_forwards += 1

@@ -19,8 +19,9 @@ _AVX512_CORE = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 ISA_CAPS: dict[str, set[str]] = {
     "AVX2": {"avx2", "fma"},
     "AVX512_CORE": _AVX512_CORE,
-    "AVX512_CORE_BF16": _AVX512_CORE | {"avx512_bf16"},
-    "AVX512_CORE_AMX": _AVX512_CORE | {"avx512_bf16", "amx_bf16", "amx_tile"},
+    "AVX512_CORE_VNNI": _AVX512_CORE | {"avx512_vnni"},
+    "AVX512_CORE_BF16": _AVX512_CORE | {"avx512_vnni", "avx512_bf16"},
+    "AVX512_CORE_AMX": _AVX512_CORE | {"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"},
 }
 CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
@@ -82,3 +83,16 @@ def onednn_bf16_usable() -> bool:
         return False
     isa = effective_isa()
     return isa is None or isa != "AVX2"
+
+
+def int8_dot_exact() -> bool:
+    """Whether oneDNN's u8 x s8 matmuls accumulate exactly in int32 here (VNNI or AMX).
+
+    Without VNNI, oneDNN multiplies with vpmaddubsw, which adds pairs of u8 x s8
+    products into a *saturating* int16: full-range int8 activations and weights
+    overflow it (measured: errors of 10^5 on a 1536-long dot product under
+    ONEDNN_MAX_CPU_ISA=AVX2 and AVX512_CORE, none from AVX512_CORE_VNNI up).
+    AVX-VNNI on AVX2-only CPUs (avx_vnni) would do too, but no such CPU has been
+    measured here, so it does not count yet.
+    """
+    return effective_isa() in ("AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_AMX")

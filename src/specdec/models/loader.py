@@ -68,16 +68,20 @@ def resolve_dtype(dtype: str | None, device: torch.device, backend: str = "hf") 
 
 def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | None = "auto",
                backend: str = "auto", quantize: str = "none", cpu_linear: str = "auto",
-               head_vocab: int | None = None, progress: bool = True, role: str = "target") -> LoadedModel:
+               head_vocab: int | None = None, progress: bool = True, role: str = "target",
+               probe: bool | None = None) -> LoadedModel:
     """An embedded model name (see `specdec models list`) or a local Hugging Face model directory.
 
     backend: "native" (specdec's own Qwen2/Llama decoder, models/native/),
     "hf" (any transformers model), "auto" = native where the architecture is
     supported, else hf with a message on stderr.
-    quantize: "int8" or "int4" weight-only quantization (native backend only);
-    "auto" = int4 where the native backend runs on a CPU in bf16, else none
-    (the default for drafts: a draft's precision changes only the speed,
-    never the output, and int4 reads a quarter of bf16's bytes per token).
+    quantize: "int8" or "int4" weight-only quantization, or "w8a8" (int8 weights and
+    activations; native backend only). "auto" picks the fastest format measured on this
+    kind of machine (benchmarks/RESULTS.md, "Faster on a CPU"): for a target, w8a8 where
+    the native backend runs on a CPU with exact int8 matmuls (VNNI or AMX), else none;
+    for a draft, int4 where the native backend runs on a CPU in bf16, else none (a
+    draft's precision changes only the speed, never the output, and int4 reads a
+    quarter of bf16's bytes per token).
     cpu_linear (hf backend): "auto" packs linear layers for oneDNN on CPU in
     fp32 (see cpu_linear.py; about 2x cheaper verification of k+1 tokens),
     "torch" keeps stock nn.Linear, "onednn" insists on packing.
@@ -86,7 +90,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     role: "target" runs the cheap batch-invariance probe on a native runner once
     (NativeRunner.check_invariance) and says on stderr that a transformers-backend
     target is not provably exact; "draft" does neither (a draft's numerics never
-    reach the output).
+    reach the output). probe=False skips the cheap probe (`specdec doctor` runs the full one).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -118,8 +122,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
         raise ValueError("int8/int4 weights and reduced draft heads need the native backend")
     torch_dtype = resolve_dtype(dtype, torch_device, backend)
     if quantize == "auto":
-        native_cpu_bf16 = backend == "native" and torch_device.type == "cpu" and torch_dtype == torch.bfloat16
-        quantize = "int4" if native_cpu_bf16 else "none"
+        quantize = auto_quantization(backend, torch_device, torch_dtype, role)
     if quantize == "int4" and (torch_device.type != "cpu" or torch_dtype != torch.bfloat16):
         raise ValueError("int4 weights run on CPU with bfloat16 activations (--dtype bf16)")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -132,7 +135,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
             head_rows = frequent_token_ids(tokenizer, head_vocab, native_config.vocab_size)
         runner = load_native_runner(path, dtype=torch_dtype, device=torch_device, quantize=quantize,
                                     head_rows=head_rows, config=native_config)
-        if role == "target":
+        if role == "target" if probe is None else probe:
             runner.check_invariance()
     else:
         runner = _load_hf_runner(path, torch_dtype, torch_device, cpu_linear)
@@ -142,6 +145,17 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
                   "backend guarantees it; `specdec doctor` explains)", file=sys.stderr)
     return LoadedModel(name_or_path, path, runner, tokenizer, time.perf_counter() - started, backend, torch_dtype,
                        quantize, _eos_ids(path, tokenizer), head_vocab if backend == "native" else None)
+
+
+def auto_quantization(backend: str, device: torch.device, dtype: torch.dtype, role: str) -> str:
+    """What quantize="auto" means for this model on this machine (see load_model)."""
+    if backend != "native" or device.type != "cpu":
+        return "none"
+    if role == "draft":
+        return "int4" if dtype == torch.bfloat16 else "none"
+    from specdec.models.native.linear import w8a8_available
+
+    return "w8a8" if w8a8_available() is None else "none"
 
 
 def _load_hf_runner(path: Path, dtype: torch.dtype, device: torch.device, cpu_linear: str) -> ModelRunner:

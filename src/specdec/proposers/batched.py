@@ -22,7 +22,7 @@ import torch
 
 from specdec.models.native.runner import NativeRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
-from specdec.proposers.draft_model import match_vocab
+from specdec.proposers.draft_model import CATCH_UP_CHUNK, CONTEXT_WINDOW, match_vocab
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -98,19 +98,27 @@ class BatchedDraftModelProposer:
     a prompt only when it is first asked to draft for it. Then
     k single-token forwards over all rows draft k tokens; row b samples only its
     first max_ks[b] of them, from its own warp and generator, so it draws exactly
-    the random numbers the single-sequence proposer would.
+    the random numbers the single-sequence proposer would. Like it, a row reads
+    only the prompt's last CONTEXT_WINDOW tokens, and reads a long prompt
+    CATCH_UP_CHUNK tokens per step without drafting: each request's steps, and so
+    its random draws, are those it would have alone.
     """
 
-    def __init__(self, runner: NativeRunner) -> None:
+    def __init__(self, runner: NativeRunner, catch_up_chunk: int = CATCH_UP_CHUNK,
+                 context_window: int | None = CONTEXT_WINDOW) -> None:
         self.runner = runner
+        self.catch_up_chunk, self.context_window = catch_up_chunk, context_window
         slots = runner.batch_size
         self._proposal_start = [0] * slots  # context length when the last proposal was made
         self._fed_drafts = [0] * slots  # drafts of that proposal that sit in the cache
+        self._skipped = [0] * slots  # leading context tokens the row's draft never reads
+        self._started = [False] * slots  # has the row's request had its first proposal
 
     def start_row(self, row: int) -> None:
         """Empty the row; the first propose() prefills it (never, if this request is never drafted for)."""
         self.runner.truncate([0], rows=slice(row, row + 1))
-        self._proposal_start[row] = self._fed_drafts[row] = 0
+        self._proposal_start[row] = self._fed_drafts[row] = self._skipped[row] = 0
+        self._started[row] = False
 
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
         device, batch = self.runner.device, len(contexts)
@@ -118,28 +126,50 @@ class BatchedDraftModelProposer:
         lengths = [ctx.token_ids.shape[1] for ctx in contexts]
         room = min(self.runner.max_context - length for length in lengths)  # every row writes k positions
         max_ks = [max(0, min(max_k, room)) for max_k in max_ks]
+        for row, length in enumerate(lengths):
+            if max_ks[row] and not self._started[row]:  # the row's first proposal: where its window starts
+                self._started[row] = True
+                if self.context_window is not None:
+                    self._skipped[row] = max(0, length - self.context_window)
+        # A row far behind reads one chunk alone and drafts nothing this step.
+        seen = [n + skip for n, skip in zip(self.runner.row_lengths(rows), self._skipped)]
+        for row, ctx in enumerate(contexts):
+            if max_ks[row] and lengths[row] - seen[row] > self.catch_up_chunk:
+                chunk = ctx.token_ids[:, seen[row]:seen[row] + self.catch_up_chunk].to(device)
+                self.runner.forward(chunk, torch.arange(seen[row], seen[row] + self.catch_up_chunk,
+                                                        device=device)[None],
+                                    rows=slice(row, row + 1), last_n_logits=1)
+                max_ks[row] = 0
         k = max(max_ks, default=0)
         if k < 1:
             return DraftProposal.empty(batch, device)
 
         # 1. Catch up: each row feeds the committed tokens it has not seen, padded on the right.
-        cached = [min(seen, length - 1) for seen, length in zip(self.runner.row_lengths(rows), lengths)]
-        self.runner.truncate(cached, rows=rows)  # a no-op by the cache convention; guards it
+        #    A row drafting nothing this step and far behind (its first step, or reading a long
+        #    prompt in chunks) is idle: it gets one padding token, cut off again, and keeps its cache.
+        skipped = self._skipped[:batch]
+        seen = [n + skip for n, skip in zip(self.runner.row_lengths(rows), skipped)]
+        cached = [min(n, length - 1) for n, length in zip(seen, lengths)]
+        idle = [max_ks[row] == 0 and lengths[row] - cached[row] > 2 for row in range(batch)]
         for row, ctx in enumerate(contexts):
-            if lengths[row] - cached[row] > 2:  # far behind: alone up to one token short
+            if lengths[row] - cached[row] > 2 and not idle[row]:  # behind: alone up to one token short
                 behind = ctx.token_ids[:, cached[row]:lengths[row] - 1].to(device)
+                self.runner.truncate([cached[row] - skipped[row]], rows=slice(row, row + 1))
                 self.runner.forward(behind, torch.arange(cached[row], lengths[row] - 1, device=device)[None],
                                     rows=slice(row, row + 1), last_n_logits=1)
                 cached[row] = lengths[row] - 1
-        missing = [length - seen for length, seen in zip(lengths, cached)]  # 1 or 2
+        self.runner.truncate([c - skip for c, skip in zip(cached, skipped)], rows=rows)  # guards the convention
+        missing = [1 if idle[row] else lengths[row] - cached[row] for row in range(batch)]  # 1 or 2
         width = max(missing)
         inputs = torch.zeros(batch, width, dtype=torch.int64)
         for row, ctx in enumerate(contexts):
-            inputs[row, :missing[row]] = ctx.token_ids[0, cached[row]:].cpu()
+            if not idle[row]:
+                inputs[row, :missing[row]] = ctx.token_ids[0, cached[row]:].cpu()
         positions = torch.tensor(cached)[:, None] + torch.arange(width)[None]
         logits = self.runner.forward(inputs.to(device), positions.to(device), rows=rows).logits  # [B, width, V]
         logits = logits[torch.arange(batch), torch.tensor(missing) - 1]  # [B, V] at each row's last real token
-        self.runner.truncate(lengths, rows=rows)
+        valid = [cached[row] if idle[row] else lengths[row] for row in range(batch)]  # what each row's cache holds
+        self.runner.truncate([n - skip for n, skip in zip(valid, skipped)], rows=rows)
 
         # 2. Draft k tokens per row, each row from its own warp and generator.
         draft_ids = torch.zeros(batch, k, dtype=torch.int64, device=device)
@@ -160,8 +190,8 @@ class BatchedDraftModelProposer:
                 step_positions = torch.tensor(lengths, device=device)[:, None] + i
                 logits = self.runner.forward(draft_ids[:, i:i + 1], step_positions, rows=rows).logits[:, -1]
 
-        self._proposal_start[:batch] = lengths
-        self._fed_drafts[:batch] = [k - 1] * batch
+        self._proposal_start[:batch] = valid
+        self._fed_drafts[:batch] = [0 if idle[row] else k - 1 for row in range(batch)]
         num_tokens = torch.tensor(max_ks, dtype=torch.int64, device=device)
         token_ids = torch.where(torch.arange(k, device=device)[None] < num_tokens[:, None], draft_ids, -1)
         return DraftProposal(token_ids=token_ids, num_tokens=num_tokens, probs=draft_probs)
@@ -169,10 +199,13 @@ class BatchedDraftModelProposer:
     def on_verified(self, num_accepted: torch.Tensor) -> None:
         # Keep each row's context plus the accepted drafts that were fed; drop the rest.
         accepted = num_accepted.reshape(-1).tolist()
-        keep = [start + min(a, fed) for start, a, fed in zip(self._proposal_start, accepted, self._fed_drafts)]
+        keep = [start + min(a, fed) - skip for start, a, fed, skip
+                in zip(self._proposal_start, accepted, self._fed_drafts, self._skipped)]
         self.runner.truncate(keep, rows=slice(0, len(keep)))
 
     def move_row(self, source: int, destination: int) -> None:
         self.runner.move_row(source, destination)
         self._proposal_start[destination] = self._proposal_start[source]
         self._fed_drafts[destination] = self._fed_drafts[source]
+        self._skipped[destination] = self._skipped[source]
+        self._started[destination] = self._started[source]

@@ -8,6 +8,18 @@ draft, which it sampled but never fed), so the next propose() first feeds
 whatever committed tokens it has not seen: usually one, two after a full
 acceptance. That catch-up pass is also where its first draft distribution comes from.
 
+The draft's prefill is the one cost of speculation that plain decoding does not
+have (on the embedded pair ~40% of the target's prefill time), so it is kept
+out of the way:
+- a request's first step is plain (SpecEngine and BatchEngine do not ask the
+  proposer), so the first token comes as soon as plain decoding's;
+- a long prompt is read in chunks of CATCH_UP_CHUNK tokens, one per step,
+  drafting nothing until the draft has caught up (those steps are plain);
+- the draft reads only the prompt's last CONTEXT_WINDOW tokens (the positions
+  stay the true ones). A draft's context changes only how good its guesses are,
+  never the output; what a long document adds, copying from it, is the n-gram
+  proposer's strength (ngram+draft).
+
 With a confidence threshold (`--k auto`; transformers' assistant_confidence_threshold)
 the draft stops early, after the first token it drew with a probability below the
 threshold: its later guesses would mostly be rejected and each costs a draft
@@ -39,19 +51,33 @@ def match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.cat([logits, pad], dim=-1)
 
 
+CATCH_UP_CHUNK = 64  # prompt tokens the draft reads per step while it is behind
+CONTEXT_WINDOW = 256  # the draft reads at most this many of the prompt's last tokens
+
+
 class DraftModelProposer:
-    def __init__(self, runner: ModelRunner, confidence_threshold: float | None = None) -> None:
+    def __init__(self, runner: ModelRunner, confidence_threshold: float | None = None,
+                 catch_up_chunk: int = CATCH_UP_CHUNK, context_window: int | None = CONTEXT_WINDOW) -> None:
+        if catch_up_chunk < 1:
+            raise ValueError(f"catch_up_chunk must be >= 1, got {catch_up_chunk!r}")
+        if context_window is not None and context_window < 1:
+            raise ValueError(f"context_window must be >= 1 or None, got {context_window!r}")
+        self.catch_up_chunk, self.context_window = catch_up_chunk, context_window
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must lie in [0, 1) or be None, got {confidence_threshold!r}")
         self.runner = runner
         self.confidence_threshold = confidence_threshold
         self._proposal_start = 0  # context length when the last proposal was made
         self._fed_drafts = 0  # draft tokens of the last proposal that sit in the cache
+        self._skipped = 0  # leading context tokens this request's draft never reads
+        self._started = False  # has this request's first proposal been made
 
     def reset(self) -> None:
         self.runner.reset()
         self._proposal_start = 0
         self._fed_drafts = 0
+        self._skipped = 0
+        self._started = False
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         device = self.runner.device
@@ -63,11 +89,21 @@ class DraftModelProposer:
         if max_k < 1:
             return DraftProposal.empty(1, device)
 
-        # 1. Catch up: feed committed tokens the draft has not seen yet.
-        cached = self.runner.seq_len
+        if not self._started:  # a new request: the draft reads only the prompt's last context_window tokens
+            self._started = True
+            if self.context_window is not None:
+                self._skipped = max(0, context_len - self.context_window)
+
+        # 1. Catch up: feed committed tokens the draft has not seen yet (positions are the true ones).
+        cached = self.runner.seq_len + self._skipped
         if cached >= context_len:  # should not happen; recover by refeeding the last token
             cached = context_len - 1
-            self.runner.truncate(torch.tensor([cached]))
+            self.runner.truncate(torch.tensor([cached - self._skipped]))
+        if context_len - cached > self.catch_up_chunk:  # far behind: read one chunk, draft nothing yet
+            positions = torch.arange(cached, cached + self.catch_up_chunk, device=device)[None]
+            self.runner.forward(context[:, cached:cached + self.catch_up_chunk].to(device), positions,
+                                last_n_logits=1)
+            return DraftProposal.empty(1, device)
         positions = torch.arange(cached, context_len, device=device)[None]
         logits = self.runner.forward(context[:, cached:].to(device), positions, last_n_logits=1).logits[:, -1]
 
@@ -114,4 +150,4 @@ class DraftModelProposer:
         # Keep the context plus the accepted drafts that were fed; drop the rest.
         accepted = int(num_accepted.reshape(-1)[0])
         keep = self._proposal_start + min(accepted, self._fed_drafts)
-        self.runner.truncate(torch.tensor([keep]))
+        self.runner.truncate(torch.tensor([keep - self._skipped]))

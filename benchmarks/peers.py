@@ -1,0 +1,243 @@
+"""specdec against llama.cpp on the same CPU, same prompts, one interleaved run.
+
+llama.cpp is built once from the source vendored in the llama-cpp-python sdist
+on PyPI (benchmarks/llama_cpp.py) and runs the GGUF files the embedded models
+ship as (Q4_K_M). Every configuration runs on every prompt, in an order that
+rotates from prompt to prompt, so drift in the machine's speed spreads evenly.
+Prompts are the bench suites' first turns with the chat template applied (the
+same text for both engines). Decode tokens/s excludes prefill; time to first
+token (TTFT) includes it: llama.cpp's own perf lines give its numbers, specdec's
+RequestStats give ours. A llama.cpp run that crashes is recorded with its exit
+status and retried once with --no-repack (its AMX weight repacking crashed
+with SIGSEGV on a Sapphire Rapids Xeon).
+
+  python benchmarks/peers.py                                  # greedy, every category, 1 prompt each
+  python benchmarks/peers.py --per-category 2 --temperature 0.7
+  python benchmarks/peers.py --summary-only --out benchmarks/results/peers
+
+A specdec configuration is LABEL=METHOD[:k=K][,quantize=Q] (METHOD from
+`specdec generate --help`, K a number or auto, Q the target's weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import llama_cpp  # benchmarks/llama_cpp.py
+
+from specdec.bench.prompt_sets import load_prompts
+from specdec.engine import SpecEngine
+from specdec.models.cpu_features import cpu_model, effective_isa
+from specdec.models.loader import load_model
+from specdec.proposers.registry import build_proposer, needs_draft_model
+from specdec.sampling import SamplingParams
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+DEFAULT_SPECDEC = [
+    "specdec plain bf16=autoregressive,quantize=none",
+    "specdec plain w8a8=autoregressive,quantize=w8a8",
+    "specdec draft auto w8a8=draft:k=auto,quantize=w8a8",
+    "specdec ngram+draft auto w8a8=ngram+draft:k=auto,quantize=w8a8",
+    "specdec draft auto bf16=draft:k=auto,quantize=none",
+]
+LLAMA_MODES = ("plain", "speculative", "lookup")
+
+
+def parse_config(text: str) -> tuple[str, str, int | str, str]:
+    label, _, spec = text.partition("=")
+    method, _, options = spec.partition(",")
+    method, _, k_text = method.partition(":k=")
+    quantize = "none"
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        if key != "quantize":
+            raise ValueError(f"unknown option {key!r} in {text!r}")
+        quantize = value
+    k = "auto" if k_text == "auto" else int(k_text or 4)
+    return label, method, k, quantize
+
+
+def llama_command(mode: str, bin_dir: Path, prompt_file: Path, args, no_repack: bool) -> list[str]:
+    target, draft = llama_cpp.gguf_path(TARGET), llama_cpp.gguf_path(DRAFT)
+    tool = {"plain": "llama-completion", "speculative": "llama-speculative", "lookup": "llama-lookup"}[mode]
+    command = [str(bin_dir / tool), "-m", str(target), "-f", str(prompt_file), "-n", str(args.max_new_tokens),
+               "-t", str(args.threads), "-c", "4096", "--temp", str(args.temperature), "--seed", "1",
+               "--poll", "0"]  # polling threads starve each other on a 2-core machine (speculative: 0.8 tok/s)
+    if mode == "plain":
+        command += ["-no-cnv", "--no-display-prompt"]
+    if mode == "speculative":
+        command += ["-md", str(draft), "-td", str(args.threads), "--spec-draft-n-max", "8"]
+    if mode == "lookup":
+        command += ["--spec-draft-n-max", "8"]
+    if no_repack:
+        command.append("--no-repack")
+    return command
+
+
+def run_llama(mode: str, bin_dir: Path, prompt_text: str, args) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write(prompt_text)
+    prompt_file = Path(handle.name)
+    errors = []
+    try:
+        for no_repack in (False, True):
+            started = time.perf_counter()
+            result = subprocess.run(llama_command(mode, bin_dir, prompt_file, args, no_repack),
+                                    capture_output=True, text=True, timeout=args.llama_timeout)
+            wall = time.perf_counter() - started
+            timings = llama_cpp.run_timings(mode, result.stderr)
+            if result.returncode == 0 and timings is not None:
+                return dict(timings, wall_seconds=wall, no_repack=no_repack, errors=errors)
+            errors.append(f"exit {result.returncode}{' (--no-repack)' if no_repack else ''}: "
+                          f"{result.stderr.strip().splitlines()[-1][-200:] if result.stderr.strip() else ''}")
+    except subprocess.TimeoutExpired:
+        errors.append(f"timed out after {args.llama_timeout} s")
+    finally:
+        prompt_file.unlink()
+    return dict(errors=errors)
+
+
+def run_specdec(engine: SpecEngine, prompt_ids: list[int], args) -> dict:
+    params = SamplingParams(temperature=args.temperature, seed=1)
+    out = engine.generate(prompt_ids, params, max_new_tokens=args.max_new_tokens)
+    stats = out.stats
+    return dict(prompt_tokens=stats.prompt_tokens, tokens=stats.generated_tokens,
+                decode_tok_s=stats.generated_tokens / stats.decode_time_s, ttft_s=stats.first_token_s,
+                prefill_s=stats.prefill_time_s, tau=stats.mean_accepted_length, token_ids=out.token_ids, errors=[])
+
+
+def build_engines(configs: list[str]) -> dict[str, SpecEngine]:
+    targets, engines, draft = {}, {}, None
+    for text in configs:
+        label, method, k, quantize = parse_config(text)
+        if quantize not in targets:
+            targets[quantize] = load_model(TARGET, quantize=quantize, progress=False)
+        target = targets[quantize]
+        draft_runner = None
+        if needs_draft_model(method):
+            draft = draft or load_model(DRAFT, quantize="auto", progress=False, role="draft")
+            draft_runner = draft.runner
+        adaptive = k == "auto"
+        proposer = None if method == "autoregressive" else build_proposer(
+            method, draft_runner=draft_runner, adaptive=adaptive)
+        engines[label] = SpecEngine(target.runner, proposer, target.tokenizer, k=k,
+                                    eos_token_ids=target.eos_token_ids)
+    return engines
+
+
+def summarise(rows: list[dict]) -> str:
+    ok = [r for r in rows if not r.get("errors") or "decode_tok_s" in r]
+    labels = list(dict.fromkeys(r["config"] for r in rows))
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+
+    def rate(config: str, category: str | None = None) -> float | None:
+        got = [r for r in ok if r["config"] == config and (category is None or r["category"] == category)
+               and "decode_tok_s" in r]
+        if not got:
+            return None
+        return sum(r["tokens"] for r in got) / sum(r["tokens"] / r["decode_tok_s"] for r in got)
+
+    def ttft(config: str) -> float | None:
+        got = [r["ttft_s"] for r in ok if r["config"] == config and "ttft_s" in r]
+        return statistics.median(got) if got else None
+
+    bar = rate("llama.cpp plain")
+    lines = [f"{'configuration':<34}{'decode tok/s':>13}{'vs llama.cpp plain':>20}{'TTFT median s':>15}  failures"]
+    for label in labels:
+        value = rate(label)
+        failures = sum(1 for r in rows if r["config"] == label and "decode_tok_s" not in r)
+        ratio = f"{value / bar:.2f}x" if value and bar else "-"
+        t = ttft(label)
+        lines.append(f"{label:<34}{(f'{value:.2f}' if value else '-'):>13}{ratio:>20}"
+                     f"{(f'{t:.2f}' if t is not None else '-'):>15}  {failures}")
+    lines.append("")
+    lines.append("decode tok/s vs llama.cpp plain, per category")
+    lines.append(f"{'configuration':<34}" + "".join(f"{c[:11]:>12}" for c in categories))
+    for label in labels:
+        cells = []
+        for category in categories:
+            value, base = rate(label, category), rate("llama.cpp plain", category)
+            cells.append(f"{value / base:.2f}x" if value and base else "-")
+        lines.append(f"{label:<34}" + "".join(f"{c:>12}" for c in cells))
+    # Lossless against the same target: each method's output vs plain decoding of that target format.
+    plain_ids = {(r["quantize"], r["prompt"]): r["token_ids"] for r in rows
+                 if r.get("method") == "autoregressive" and "token_ids" in r}
+    if args_greedy(rows) and plain_ids:
+        lines.append("")
+        for label in labels:
+            same = [r for r in rows if r["config"] == label and r.get("method") not in (None, "autoregressive")
+                    and "token_ids" in r and (r["quantize"], r["prompt"]) in plain_ids]
+            if same:
+                equal = sum(1 for r in same if r["token_ids"] == plain_ids[r["quantize"], r["prompt"]])
+                lines.append(f"{label}: {equal}/{len(same)} outputs identical to plain decoding of its target")
+    return "\n".join(lines)
+
+
+def args_greedy(rows: list[dict]) -> bool:
+    return all(r.get("temperature", 0) == 0 for r in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", default="specdec,humaneval,mt-bench", help="prompt sets (default: %(default)s)")
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--specdec", nargs="+", default=DEFAULT_SPECDEC, metavar="LABEL=METHOD...")
+    parser.add_argument("--llama", nargs="*", default=list(LLAMA_MODES), choices=LLAMA_MODES)
+    parser.add_argument("--llama-timeout", type=float, default=600)
+    parser.add_argument("--out", default="benchmarks/results/peers")
+    parser.add_argument("--summary-only", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    rows_path = out / f"rows-T{args.temperature:g}.jsonl"
+    if args.summary_only:
+        print(summarise([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    bin_dir = llama_cpp.build()
+    engines = build_engines(args.specdec)
+    tokenizer = next(iter(engines.values())).tokenizer
+    prompts = load_prompts(args.prompts.split(","), args.per_category)
+    configs = [f"llama.cpp {mode}" for mode in args.llama] + list(engines)
+    print(f"{len(prompts)} prompts x {len(configs)} configurations on {cpu_model()} ({effective_isa()}), "
+          f"{args.threads} threads, T={args.temperature:g}, {args.max_new_tokens} new tokens", flush=True)
+    done = set()
+    if rows_path.exists():
+        done = {(r["prompt"], r["config"]) for r in map(json.loads, rows_path.read_text().splitlines())}
+    for index, prompt in enumerate(prompts):
+        messages = [{"role": "user", "content": prompt.turns[0]}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        shift = index % len(configs)
+        for config in configs[shift:] + configs[:shift]:
+            if (prompt.question_id, config) in done:
+                continue
+            if config.startswith("llama.cpp"):
+                row = run_llama(config.split()[1], bin_dir, text, args)
+            else:
+                row = run_specdec(engines[config], ids, args)
+                _, method, _, quantize = parse_config(next(c for c in args.specdec if c.startswith(config + "=")))
+                row.update(method=method, quantize=quantize)
+            row.update(config=config, prompt=prompt.question_id, category=prompt.category,
+                       temperature=args.temperature, cpu=cpu_model(), isa=effective_isa())
+            with open(rows_path, "a") as sink:
+                sink.write(json.dumps(row) + "\n")
+            shown = f"{row['decode_tok_s']:.2f} tok/s" if "decode_tok_s" in row else f"FAILED {row['errors']}"
+            print(f"[{index + 1}/{len(prompts)}] {prompt.question_id:<28} {config:<34} {shown}", flush=True)
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    summary = summarise(rows)
+    (out / f"summary-T{args.temperature:g}.txt").write_text(summary + "\n")
+    print(summary)
+
+
+if __name__ == "__main__":
+    main()
