@@ -193,3 +193,27 @@ def test_speculation_pauses_above_spec_max_batch_and_resumes_exactly(models, tok
         assert out[i] == single.generate(PROMPTS[i], params, max_new_tokens=n).token_ids
     with pytest.raises(ValueError, match="spec_max_batch"):
         BatchEngine(target, None, tokenizer, spec_max_batch=0)
+
+
+def test_long_prompts_read_in_chunks_and_windows_match_each_request_alone(models, tokenizer):
+    """Prompts longer than the draft's window and chunk: each row skips the same leading tokens and
+    reads the same chunks per step as alone, so seeded sampling draws exactly what it draws alone."""
+    from specdec.proposers.batched import BatchedDraftModelProposer
+
+    prompts = [" ".join(["the quick brown fox"] * 5), "a b c " * 12, "hello", "one two three four " * 6]
+    single = SpecEngine(make_native(models[0]), DraftModelProposer(make_native(models[1]), catch_up_chunk=8,
+                                                                   context_window=24), tokenizer, k=3)
+    target, draft = make_native(models[0], batch_size=SLOTS), make_native(models[1], batch_size=SLOTS)
+    batched = BatchEngine(target, BatchedDraftModelProposer(draft, catch_up_chunk=8, context_window=24),
+                          tokenizer, k=3)
+    params = [SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=0), SamplingParams(0.8, seed=6),
+              SamplingParams(temperature=0)]
+    requests = {i: batched.make_request(p, q, max_new_tokens=20) for i, (p, q) in enumerate(zip(prompts, params))}
+    got = run_all(batched, requests)
+    drafted = 0
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        alone = single.generate(prompt, p, max_new_tokens=20)
+        assert len(alone.prompt_token_ids) > 24 or i == 2  # longer than the window and than a chunk
+        assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
+        drafted += alone.stats.drafted_tokens
+    assert drafted > 0
