@@ -73,9 +73,7 @@ def gguf_path(name: str, log=print) -> Path:
         return parts[0]
     log(f"joining {name} into {out} ...")
     partial = out.with_suffix(".partial")
-    with open(partial, "wb") as sink:
-        got = hub._stream(parts, sink, progress=True, desc=f"join {name}")
-    hub._check_hash(hub._spec(name), parts, got)
+    hub.join_verified(name, parts, partial)
     partial.rename(out)
     return out
 

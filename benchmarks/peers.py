@@ -134,19 +134,18 @@ def build_engines(configs: list[str]) -> dict[str, SpecEngine]:
 
 
 def summarise(rows: list[dict]) -> str:
-    ok = [r for r in rows if not r.get("errors") or "decode_tok_s" in r]
     labels = list(dict.fromkeys(r["config"] for r in rows))
     categories = list(dict.fromkeys(r["category"] for r in rows))
 
     def rate(config: str, category: str | None = None) -> float | None:
-        got = [r for r in ok if r["config"] == config and (category is None or r["category"] == category)
+        got = [r for r in rows if r["config"] == config and (category is None or r["category"] == category)
                and "decode_tok_s" in r]
         if not got:
             return None
         return sum(r["tokens"] for r in got) / sum(r["tokens"] / r["decode_tok_s"] for r in got)
 
     def ttft(config: str) -> float | None:
-        got = [r["ttft_s"] for r in ok if r["config"] == config and "ttft_s" in r]
+        got = [r["ttft_s"] for r in rows if r["config"] == config and "ttft_s" in r]
         return statistics.median(got) if got else None
 
     bar = rate("llama.cpp plain")
@@ -170,7 +169,7 @@ def summarise(rows: list[dict]) -> str:
     # Lossless against the same target: each method's output vs plain decoding of that target format.
     plain_ids = {(r["quantize"], r["prompt"]): r["token_ids"] for r in rows
                  if r.get("method") == "autoregressive" and "token_ids" in r}
-    if args_greedy(rows) and plain_ids:
+    if all_greedy(rows) and plain_ids:
         lines.append("")
         for label in labels:
             same = [r for r in rows if r["config"] == label and r.get("method") not in (None, "autoregressive")
@@ -181,7 +180,7 @@ def summarise(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def args_greedy(rows: list[dict]) -> bool:
+def all_greedy(rows: list[dict]) -> bool:
     return all(r.get("temperature", 0) == 0 for r in rows)
 
 

@@ -207,3 +207,11 @@ def test_a_missing_head_is_one_clear_line_before_any_load(capsys, argv, message)
 def test_train_head_refuses_the_transformers_backend(capsys, model_dirs):
     code, _, err = run(capsys, "train-head", "--kind", "eagle", "--target", model_dirs["target"], "--backend", "hf")
     assert code == 2 and "native backend" in err
+
+
+def test_the_clis_weight_formats_are_the_native_decoders():
+    """cli.py spells the formats out (importing torch would slow --help); they must not drift apart."""
+    from specdec import cli
+    from specdec.models.native.linear import QUANTIZATIONS
+
+    assert cli.QUANTIZATIONS == QUANTIZATIONS

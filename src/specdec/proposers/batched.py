@@ -112,13 +112,11 @@ class BatchedDraftModelProposer:
         self._proposal_start = [0] * slots  # context length when the last proposal was made
         self._fed_drafts = [0] * slots  # drafts of that proposal that sit in the cache
         self._skipped = [0] * slots  # leading context tokens the row's draft never reads
-        self._started = [False] * slots  # has the row's request had its first proposal
 
     def start_row(self, row: int) -> None:
         """Empty the row; the first propose() prefills it (never, if this request is never drafted for)."""
         self.runner.truncate([0], rows=slice(row, row + 1))
         self._proposal_start[row] = self._fed_drafts[row] = self._skipped[row] = 0
-        self._started[row] = False
 
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
         device, batch = self.runner.device, len(contexts)
@@ -126,10 +124,9 @@ class BatchedDraftModelProposer:
         lengths = [ctx.token_ids.shape[1] for ctx in contexts]
         room = min(self.runner.max_context - length for length in lengths)  # every row writes k positions
         max_ks = [max(0, min(max_k, room)) for max_k in max_ks]
-        for row, length in enumerate(lengths):
-            if max_ks[row] and not self._started[row]:  # the row's first proposal: where its window starts
-                self._started[row] = True
-                if self.context_window is not None:
+        if self.context_window is not None:  # a row's first proposal (empty cache): where its window starts
+            for row, (length, cached) in enumerate(zip(lengths, self.runner.row_lengths(rows))):
+                if max_ks[row] and cached == 0:
                     self._skipped[row] = max(0, length - self.context_window)
         # A row far behind reads one chunk alone and drafts nothing this step.
         seen = [n + skip for n, skip in zip(self.runner.row_lengths(rows), self._skipped)]
@@ -150,15 +147,14 @@ class BatchedDraftModelProposer:
         skipped = self._skipped[:batch]
         seen = [n + skip for n, skip in zip(self.runner.row_lengths(rows), skipped)]
         cached = [min(n, length - 1) for n, length in zip(seen, lengths)]
+        self.runner.truncate([c - skip for c, skip in zip(cached, skipped)], rows=rows)  # guards the convention
         idle = [max_ks[row] == 0 and lengths[row] - cached[row] > 2 for row in range(batch)]
         for row, ctx in enumerate(contexts):
             if lengths[row] - cached[row] > 2 and not idle[row]:  # behind: alone up to one token short
                 behind = ctx.token_ids[:, cached[row]:lengths[row] - 1].to(device)
-                self.runner.truncate([cached[row] - skipped[row]], rows=slice(row, row + 1))
                 self.runner.forward(behind, torch.arange(cached[row], lengths[row] - 1, device=device)[None],
                                     rows=slice(row, row + 1), last_n_logits=1)
                 cached[row] = lengths[row] - 1
-        self.runner.truncate([c - skip for c, skip in zip(cached, skipped)], rows=rows)  # guards the convention
         missing = [1 if idle[row] else lengths[row] - cached[row] for row in range(batch)]  # 1 or 2
         width = max(missing)
         inputs = torch.zeros(batch, width, dtype=torch.int64)
@@ -208,4 +204,3 @@ class BatchedDraftModelProposer:
         self._proposal_start[destination] = self._proposal_start[source]
         self._fed_drafts[destination] = self._fed_drafts[source]
         self._skipped[destination] = self._skipped[source]
-        self._started[destination] = self._started[source]

@@ -70,14 +70,12 @@ class DraftModelProposer:
         self._proposal_start = 0  # context length when the last proposal was made
         self._fed_drafts = 0  # draft tokens of the last proposal that sit in the cache
         self._skipped = 0  # leading context tokens this request's draft never reads
-        self._started = False  # has this request's first proposal been made
 
     def reset(self) -> None:
         self.runner.reset()
         self._proposal_start = 0
         self._fed_drafts = 0
         self._skipped = 0
-        self._started = False
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         device = self.runner.device
@@ -89,10 +87,8 @@ class DraftModelProposer:
         if max_k < 1:
             return DraftProposal.empty(1, device)
 
-        if not self._started:  # a new request: the draft reads only the prompt's last context_window tokens
-            self._started = True
-            if self.context_window is not None:
-                self._skipped = max(0, context_len - self.context_window)
+        if self.runner.seq_len == 0 and self.context_window is not None:  # a request's first proposal
+            self._skipped = max(0, context_len - self.context_window)  # read only the last context_window
 
         # 1. Catch up: feed committed tokens the draft has not seen yet (positions are the true ones).
         cached = self.runner.seq_len + self._skipped
