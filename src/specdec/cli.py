@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8")  # models/native/linear.py (not imported: keeps --help fast)
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")  # models/native/linear.py (not imported: keeps --help fast)
 
 EPILOG_GENERATE = """\
 examples:

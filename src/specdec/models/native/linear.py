@@ -1,4 +1,4 @@
-"""Weight formats for the native decoder's projections: dense, int8 and int4 weight-only, w8a8.
+"""Weight formats for the native decoder's projections: dense, int8 and int4 weight-only, w8a8, w4a8.
 
 Decoding one token reads every weight once, so on a CPU its time is the bytes
 of weights over the memory bandwidth (Leviathan et al. 2022, section 3.4, for
@@ -15,7 +15,8 @@ row of the 17920 x 1536 gate/up matrix in int4, 3.9 ms for nine). "w8a8"
 quantizes the activations too and multiplies in integers (oneDNN's VNNI/AMX
 kernels, the path of PyTorch's x86 inductor quantization): 0.6 ms for one row,
 1.0 for nine on the same CPU, and exact integer sums need no care for batch
-invariance.
+invariance. "w4a8" (w4a8.py) does the same with 4-bit weights on specdec's own
+kernel, exact on every x86 path.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import nn
 
 from specdec.models.cpu_features import int8_dot_exact, onednn_bf16_usable
 
-QUANTIZATIONS = ("none", "int8", "int4", "w8a8")
+QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
 INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantized with
 
 
@@ -204,6 +205,17 @@ def w8a8_available() -> str | None:
     return None
 
 
+def head_quantization(quantize: str) -> str:
+    """The output head's format for a model whose projections are in `quantize`.
+
+    A 4-bit output head costs more quality than any other 4-bit matrix (GGUF's Q4_K_M keeps
+    it in 6 bits), so w4a8 models keep theirs in w8a8 where that runs exactly (VNNI/AMX).
+    """
+    if quantize == "w4a8" and w8a8_available() is None:
+        return "w8a8"
+    return quantize
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch.dtype, device: torch.device,
                 quantize: str = "none") -> nn.Module:
     """One projection [N, K] in the requested format, on `device`."""
@@ -215,6 +227,12 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch
         if (reason := w8a8_available()) is not None:
             raise ValueError(reason)
         return W8A8Linear(weight, bias, dtype)
+    if quantize == "w4a8":
+        if device.type != "cpu":
+            raise ValueError("w4a8 is specdec's CPU kernel; on CUDA use --quantize none or int8")
+        from specdec.models.native.w4a8 import W4A8Linear  # compiles the kernel on first use
+
+        return W4A8Linear(weight, bias, dtype)
     if quantize == "int4":
         if device.type != "cpu":
             raise ValueError("int4 weights use PyTorch's CPU kernel; on CUDA use --quantize none or int8")

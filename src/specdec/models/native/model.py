@@ -16,7 +16,7 @@ from torch import nn
 from specdec.models.kv_cache import StaticKVCache
 from specdec.models.native.attention import AttentionPlan
 from specdec.models.native.config import DecoderConfig
-from specdec.models.native.linear import make_linear
+from specdec.models.native.linear import head_quantization, make_linear
 
 
 class RMSNorm(nn.Module):
@@ -118,7 +118,7 @@ class NativeDecoder(nn.Module):
         def dense(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.to(device=device, dtype=dtype)
 
-        def linear(weight, bias=None):
+        def linear(weight, bias=None, quantize=quantize):
             return make_linear(weight, bias, dtype=dtype, device=device, quantize=quantize)
 
         blocks = []
@@ -139,7 +139,8 @@ class NativeDecoder(nn.Module):
         if head_rows is not None:
             head_weight = head_weight[head_rows.to(head_weight.device)]
         norm = RMSNorm(dense(take("model.norm.weight")), config.rms_norm_eps)
-        return cls(config, dense(embedding), blocks, norm, linear(head_weight), dtype, device)
+        return cls(config, dense(embedding), blocks, norm, linear(head_weight, quantize=head_quantization(quantize)), dtype,
+                   device)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache, *,
                 among_new: torch.Tensor | None = None, last_n_logits: int | None = None

@@ -1,0 +1,358 @@
+// w4a8: 4-bit weights x int8 activations with exact int32 group sums, for the native decoder's projections.
+//
+// Why hand-written (measured on a 2-core AVX512-BF16 EPYC, benchmarks/native_kernels.py): PyTorch's
+// own 4-bit CPU kernels dequantize per row of activations (_weight_int4pack_mm_for_cpu: verifying
+// 5 tokens costs 3x one token), _dyn_quant_matmul_4bit stores fp32 weights on x86, and torchao's
+// PyPI wheels carry no CPU low-bit kernels. Verification needs the opposite: a cost that stays flat
+// from 1 to 16 rows, so every weight is unpacked once per call and used by every row.
+//
+// Format (written by w4a8.py): per group of 32 inputs and per output, w ~= q * scale + min with
+// q in 0..15 (asymmetric round-to-nearest, as GGUF's Q4_1), scale and min in fp16.
+// Activations: per row, xq = round(x / s) in -127..127 with s = max|x| / 127 (per-token dynamic
+// quantization, SmoothQuant arXiv 2211.10438 without smoothing). Then, exactly:
+//   sum_k x[k] w[k] ~= s * sum_g (scale_g * sum_{k in g} q[k] xq[k] + min_g * sum_{k in g} xq[k]).
+// The inner sums are integers (u4 x s8 products, at most 32 * 15 * 127 per group), exact on every
+// instruction set: VNNI's vpdpbusd, and AVX2/AVX-512's vpmaddubsw, whose saturating int16 pair sums
+// cannot saturate here (2 * 15 * 127 < 32767; int8 x int8 would). The float part runs in a fixed
+// order per output: group by group, t = fma(sum, scale, min * xsum), y += t. Nothing depends on how
+// many rows share a call, so the result is batch-invariant by construction, and every path (scalar,
+// AVX2, AVX-512, VNNI) gives the same bits.
+//
+// Packed weights, uint8 [N/16, K/32, 4, 64]: output block b (16 outputs), group g, chunk c; byte
+// lane * 4 + i holds q[16b + lane, 32g + 8c + i] in its low nibble and q[.., 32g + 8c + 4 + i] in
+// its high nibble: one 64-byte load gives two vpdpbusd operands (16 lanes x 4 inputs each).
+// scales, mins: fp16 [N/16, K/32, 16].
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define SPECDEC_X86 1
+#endif
+
+namespace {
+
+typedef int32_t unaligned_int32 __attribute__((aligned(1), may_alias));
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kGroup = 32;
+constexpr int64_t kChunks = kGroup / 8;  // 64-byte chunks per group and block
+
+enum Isa : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+
+struct Problem {
+  const int8_t* xq;       // [K/8, M, 8] quantized activations: a chunk's rows side by side (one pointer per tile)
+  const float* xsum;      // [M, K/32] group sums of xq (exact integers as floats)
+  const float* xscale;    // [M] per-row scales
+  const uint8_t* packed;  // [N/16, K/32, 4, 64]
+  const uint16_t* scales; // [N/16, K/32, 16] fp16 bits
+  const uint16_t* mins;   // [N/16, K/32, 16] fp16 bits
+  const float* bias;      // [N] or null
+  float* out;             // [M, N] fp32
+  int64_t M, N, K;
+};
+
+inline float half_to_float(uint16_t h) {
+  // IEEE half -> float, exact (subnormals included); the vector paths use F16C's vcvtph2ps.
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff, bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int shift = 0;
+      while (!(mantissa & 0x400)) { mantissa <<= 1; ++shift; }
+      mantissa &= 0x3ff;
+      bits = sign | ((uint32_t)(127 - 15 + 1 - shift) << 23) | (mantissa << 13);
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline void store_row(const Problem& p, int64_t m, int64_t n0, const float* y) {
+  const float s = p.xscale[m];
+  float* out = p.out + m * p.N + n0;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    out[l] = p.bias ? y[l] * s + p.bias[n0 + l] : y[l] * s;
+  }
+}
+
+// The reference: the same integer sums and the same float operations, one lane at a time.
+void block_scalar(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
+  const int64_t groups = p.K / kGroup;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t m = m0 + r;
+    float y[kLanes] = {0};
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* chunk = p.packed + (b * groups + g) * kChunks * 64;
+      const float xs = p.xsum[m * groups + g];
+      for (int64_t l = 0; l < kLanes; ++l) {
+        int32_t acc = 0;
+        for (int64_t c = 0; c < kChunks; ++c) {
+          for (int64_t i = 0; i < 4; ++i) {
+            const uint8_t byte = chunk[c * 64 + l * 4 + i];
+            const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m) * 8;
+            acc += (int32_t)(byte & 0x0f) * x[i] + (int32_t)(byte >> 4) * x[4 + i];
+          }
+        }
+        const float scale = half_to_float(p.scales[(b * groups + g) * kLanes + l]);
+        const float min = half_to_float(p.mins[(b * groups + g) * kLanes + l]);
+        const float t = std::fma((float)acc, scale, min * xs);
+        y[l] = y[l] + t;
+      }
+    }
+    store_row(p, m, b * kLanes, y);
+  }
+}
+
+#ifdef SPECDEC_X86
+
+// AVX2 (+FMA, F16C): 8 outputs per register, so each block is two halves; up to 4 rows per pass.
+template <int R>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_t b, int64_t m0) {
+  const int64_t groups = p.K / kGroup;
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {
+    __m256 y[R];
+    for (int r = 0; r < R; ++r) y[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* chunk = p.packed + (b * groups + g) * kChunks * 64 + 32 * half;
+      __m256i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+      for (int64_t c = 0; c < kChunks; ++c) {
+        const __m256i w = _mm256_loadu_si256((const __m256i*)(chunk + c * 64));
+        const __m256i lo = _mm256_and_si256(w, low_nibbles);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0 + r) * 8;
+          int32_t xa, xb;
+          std::memcpy(&xa, x, 4);
+          std::memcpy(&xb, x + 4, 4);
+          const __m256i pa = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa));
+          const __m256i pb = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb));
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pa, ones));
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pb, ones));
+        }
+      }
+      const int64_t at = (b * groups + g) * kLanes + 8 * half;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.scales + at)));
+      const __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.mins + at)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 xs = _mm256_set1_ps(p.xsum[(m0 + r) * groups + g]);
+        const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), scale, _mm256_mul_ps(min, xs));
+        y[r] = _mm256_add_ps(y[r], t);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t m = m0 + r, n = b * kLanes + 8 * half;
+      __m256 v = _mm256_mul_ps(y[r], _mm256_set1_ps(p.xscale[m]));
+      if (p.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p.bias + n));
+      _mm256_storeu_ps(p.out + m * p.N + n, v);
+    }
+  }
+}
+
+// AVX-512: 16 outputs per register; a tile is R rows x B blocks, so each activation broadcast
+// feeds B vpdpbusd (the broadcasts, not the multiplies, bound this loop on Zen 4). VNNI fuses
+// vpmaddubsw + vpmaddwd + add into vpdpbusd; both give the same exact int32 sums.
+#ifndef SPECDEC_W4A8_ROWS
+#define SPECDEC_W4A8_ROWS 4
+#endif
+constexpr int kTileRows = SPECDEC_W4A8_ROWS;
+constexpr int kTileBlocks = 2;
+
+template <int R, int B, bool kVnni>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
+  const int64_t groups = p.K / kGroup;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  const __m512i ones = _mm512_set1_epi16(1);
+  // With a single row and block, two accumulators (low and high nibbles) break the one chain of
+  // dependent vpdpbusd; their integer sum is exact, so the split changes nothing.
+  constexpr bool kSplit = R * B == 1;
+  __m512 y[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < B; ++j) y[r][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i acc[R][B], acc_hi[kSplit ? 1 : R][kSplit ? 1 : B];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < B; ++j) acc[r][j] = _mm512_setzero_si512();
+    if constexpr (kSplit) acc_hi[0][0] = _mm512_setzero_si512();
+    for (int64_t c = 0; c < kChunks; ++c) {
+      __m512i lo[B], hi[B];
+      for (int j = 0; j < B; ++j) {
+        const __m512i w = _mm512_loadu_si512((const void*)(p.packed + ((b0 + j) * groups + g) * kChunks * 64 + c * 64));
+        lo[j] = _mm512_and_si512(w, low_nibbles);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low_nibbles);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0 + r) * 8;
+        const __m512i xa = _mm512_set1_epi32(*(const unaligned_int32*)x);
+        const __m512i xb = _mm512_set1_epi32(*(const unaligned_int32*)(x + 4));
+        for (int j = 0; j < B; ++j) {
+          __m512i& high = kSplit ? acc_hi[0][0] : acc[r][j];
+          if constexpr (kVnni) {
+            acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], lo[j], xa);
+            high = _mm512_dpbusd_epi32(high, hi[j], xb);
+          } else {
+            acc[r][j] = _mm512_add_epi32(acc[r][j], _mm512_madd_epi16(_mm512_maddubs_epi16(lo[j], xa), ones));
+            high = _mm512_add_epi32(high, _mm512_madd_epi16(_mm512_maddubs_epi16(hi[j], xb), ones));
+          }
+        }
+      }
+    }
+    if constexpr (kSplit) acc[0][0] = _mm512_add_epi32(acc[0][0], acc_hi[0][0]);
+    for (int j = 0; j < B; ++j) {
+      const int64_t at = ((b0 + j) * groups + g) * kLanes;
+      const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p.scales + at)));
+      const __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p.mins + at)));
+      for (int r = 0; r < R; ++r) {
+        const __m512 xs = _mm512_set1_ps(p.xsum[(m0 + r) * groups + g]);
+        const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), scale, _mm512_mul_ps(min, xs));
+        y[r][j] = _mm512_add_ps(y[r][j], t);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < B; ++j) {
+      const int64_t m = m0 + r, n = (b0 + j) * kLanes;
+      __m512 v = _mm512_mul_ps(y[r][j], _mm512_set1_ps(p.xscale[m]));
+      if (p.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(p.bias + n));
+      _mm512_storeu_ps(p.out + m * p.N + n, v);
+    }
+  }
+}
+
+template <int B, bool kVnni>
+void rows_avx512(const Problem& p, int64_t b0, int64_t m0, int64_t rows) {
+  for (; rows >= kTileRows; rows -= kTileRows, m0 += kTileRows) tile_avx512<kTileRows, B, kVnni>(p, b0, m0);
+  switch (rows) {  // the last, shorter tile
+#if SPECDEC_W4A8_ROWS > 7
+    case 7: tile_avx512<7, B, kVnni>(p, b0, m0); break;
+    case 6: tile_avx512<6, B, kVnni>(p, b0, m0); break;
+#endif
+#if SPECDEC_W4A8_ROWS > 5
+    case 5: tile_avx512<5, B, kVnni>(p, b0, m0); break;
+    case 4: tile_avx512<4, B, kVnni>(p, b0, m0); break;
+#endif
+    case 3: tile_avx512<3, B, kVnni>(p, b0, m0); break;
+    case 2: tile_avx512<2, B, kVnni>(p, b0, m0); break;
+    case 1: tile_avx512<1, B, kVnni>(p, b0, m0); break;
+    default: break;
+  }
+}
+
+// Blocks [b0, b0 + count): pairs, then a last single block.
+template <bool kVnni>
+void blocks_avx512(const Problem& p, int64_t b0, int64_t count) {
+  for (; count >= kTileBlocks; count -= kTileBlocks, b0 += kTileBlocks) rows_avx512<kTileBlocks, kVnni>(p, b0, 0, p.M);
+  if (count) rows_avx512<1, kVnni>(p, b0, 0, p.M);
+}
+
+void block_avx2(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
+  for (; rows >= 4; rows -= 4, m0 += 4) tile_avx2<4>(p, b, m0);
+  switch (rows) {
+    case 3: tile_avx2<3>(p, b, m0); break;
+    case 2: tile_avx2<2>(p, b, m0); break;
+    case 1: tile_avx2<1>(p, b, m0); break;
+    default: break;
+  }
+}
+
+#endif  // SPECDEC_X86
+
+// Per row: xq = round(x / s), s = max|x| / 127 (the same formula as W8A8Linear), and group sums.
+// xq is stored [K/8, M, 8], so a tile reads every row's 8 inputs of a chunk from one pointer.
+void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Tensor& xscale) {
+  const int64_t M = x.size(0), K = x.size(1), groups = K / kGroup;
+  const float* xs = x.data_ptr<float>();
+  int8_t* q = xq.data_ptr<int8_t>();
+  float* sums = xsum.data_ptr<float>();
+  float* scales = xscale.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float* row = xs + m * K;
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
+      const float s = std::fmax(amax, 1e-12f) / 127.f;
+      scales[m] = s;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t sum = 0;
+        for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
+          const int32_t v = (int32_t)std::nearbyint(row[k] / s);  // round half to even, as torch.round
+          q[((k / 8) * M + m) * 8 + k % 8] = (int8_t)v;
+          sum += v;
+        }
+        sums[m * groups + g] = (float)sum;
+      }
+    }
+  });
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       const at::Tensor& mins, const c10::optional<at::Tensor>& bias, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2, "w4a8_linear: x must be [M, K]");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kChunks && packed.size(3) == 64 &&
+                  packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "w4a8_linear: packed must be contiguous uint8 [N/16, K/32, 4, 64]");
+  const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0), N = blocks * kLanes;
+  TORCH_CHECK(packed.size(1) * kGroup == K, "w4a8_linear: x has ", K, " inputs, the weights ",
+              packed.size(1) * kGroup);
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf && scales.is_contiguous() &&
+                  mins.is_contiguous() && scales.numel() == blocks * packed.size(1) * kLanes &&
+                  mins.numel() == scales.numel(),
+              "w4a8_linear: scales and mins must be contiguous fp16 [N/16, K/32, 16]");
+  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  at::Tensor bias32;
+  if (bias.has_value() && bias->defined()) {
+    bias32 = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(bias32.numel() == N, "w4a8_linear: bias must have ", N, " entries");
+  }
+  at::Tensor xq = at::empty({K / 8, M, 8}, x.options().dtype(at::kChar));
+  at::Tensor xsum = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
+  at::Tensor xscale = at::empty({M}, x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  quantize_rows(x32, xq, xsum, xscale);
+  const Problem p{xq.data_ptr<int8_t>(), xsum.data_ptr<float>(), xscale.data_ptr<float>(),
+                  packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
+                  reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()),
+                  bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr<float>(), M, N, K};
+  // Threads split the output blocks; each thread walks its blocks' weights once, all rows per block
+  // (a block's weights, K * 8 bytes, stay in cache while its row tiles pass).
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    switch (isa) {
+#ifdef SPECDEC_X86
+      case kAvx512Vnni: blocks_avx512<true>(p, begin, end - begin); break;
+      case kAvx512: blocks_avx512<false>(p, begin, end - begin); break;
+      case kAvx2:
+        for (int64_t b = begin; b < end; ++b) block_avx2(p, b, 0, M);
+        break;
+#endif
+      default:
+        for (int64_t b = begin; b < end; ++b) block_scalar(p, b, 0, M);
+        break;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specdec_w4a8, m) {
+  m.def("linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor? bias, int isa) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec_w4a8, CPU, m) { m.impl("linear", &w4a8_linear); }
