@@ -1,4 +1,4 @@
-"""How much do bf16, int8, int4 and w8a8 weights change the model? Teacher-forced logits on a fixed text.
+"""How much do bf16, int8, int4, w8a8 and w4a8 weights change the model? Teacher-forced logits on a fixed text.
 
 For each model, one forward over a fixed ~600-token text (the first texts of
 the shipped corpus: code and chat) in every format; each is compared with
@@ -22,7 +22,7 @@ from specdec.models.native.reduced_vocab import corpus_texts
 
 FORMATS = [("native fp32", "float32", "none"), ("native bf16", "bfloat16", "none"),
            ("native int8", "bfloat16", "int8"), ("native int4", "bfloat16", "int4"),
-           ("native w8a8", "bfloat16", "w8a8")]
+           ("native w8a8", "bfloat16", "w8a8"), ("native w4a8", "bfloat16", "w4a8")]
 
 
 def main() -> None:

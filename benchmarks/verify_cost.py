@@ -8,7 +8,8 @@ Speculation with k drafts pays only when the (k+1)-token forward stays close
 to one step: verification at 1.3x a step with tau = 3.5 is a 2.7x speedup
 before the draft's cost, at 5x it is a slowdown.
 
-  python benchmarks/verify_cost.py [--formats none,int8,int4,w8a8] [--context 800]
+  python benchmarks/verify_cost.py [--formats none,int8,int4,w8a8,w4a8] [--context 800]
+  python benchmarks/verify_cost.py --model qwen2.5-coder-0.5b    # the draft's step and prefill
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import torch
 from specdec.models.cpu_features import cpu_model, effective_isa
 from specdec.models.loader import load_model
 from specdec.models.native.linear import w8a8_available
+from specdec.models.native.w4a8 import w4a8_available
 
 ROWS = (1, 2, 5, 9, 16)
 
 
-def measure(quantize: str, context: int, steps: int) -> dict:
-    model = load_model("qwen2.5-coder-1.5b", quantize=quantize, progress=False, probe=False)
+def measure(name: str, quantize: str, context: int, steps: int) -> dict:
+    model = load_model(name, quantize=quantize, progress=False, probe=False)
     runner = model.runner
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 150_000, (1, context), generator=generator)
@@ -56,7 +58,8 @@ def measure(quantize: str, context: int, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--formats", default="none,int8,int4,w8a8")
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--formats", default="none,int8,int4,w8a8,w4a8")
     parser.add_argument("--context", type=int, default=800)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--json", default="benchmarks/results/verify_cost.json")
@@ -65,10 +68,11 @@ def main() -> None:
     print(f"{'format':<44}{'prefill tok/s':>14}" + "".join(f"{f'{n} tok':>14}" for n in ROWS))
     results = []
     for quantize in args.formats.split(","):
-        if quantize == "w8a8" and (reason := w8a8_available()) is not None:
+        reason = {"w8a8": w8a8_available, "w4a8": w4a8_available}.get(quantize, lambda: None)()
+        if reason is not None:
             print(f"{quantize:<44}skipped: {reason}")
             continue
-        row = measure(quantize, args.context, args.steps)
+        row = measure(args.model, quantize, args.context, args.steps)
         results.append(row)
         cells = "".join(f"{row['step_ms'][n]:>7.1f} ({row['ratio'][n]:.2f}x)" for n in ROWS)
         print(f"{row['format']:<44}{row['prefill_tok_s']:>14.0f}{cells}", flush=True)

@@ -57,16 +57,18 @@ def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None
                         help="native: specdec's own Qwen2/Llama decoder (static KV cache, int8/int4 weights); "
                              "hf: any transformers model; auto (default): native where supported, else hf")
     parser.add_argument("--quantize", default="auto", choices=["auto", *QUANTIZATIONS],
-                        help="the target's weights: none (the --dtype), int8/int4 weight-only, or w8a8 "
-                             "(int8 weights and activations, integer matmuls: verifying k+1 tokens costs "
-                             "little more than one). Native backend. Default: auto = w8a8 on a CPU with "
-                             "VNNI or AMX, else none. Speculation is lossless against the target as "
-                             "quantized; quantizing changes the target's own output slightly (README: "
-                             "'What the fast default costs')")
+                        help="the target's weights: none (the --dtype), int8/int4 weight-only, w8a8 "
+                             "(int8 weights and activations, oneDNN's integer matmuls) or w4a8 (4-bit "
+                             "weights and int8 activations, specdec's own kernel, compiled on first use). "
+                             "w8a8 and w4a8 verify k+1 tokens for little more than one. Native backend. "
+                             "Default: auto = w4a8 on an x86 CPU (AVX2 and up), else w8a8 on VNNI/AMX, "
+                             "else none. Speculation is lossless against the target as quantized; "
+                             "quantizing changes the target's own output slightly (README: 'What the "
+                             "fast default costs')")
     if draft:
         parser.add_argument("--draft-quantize", default="auto", choices=["auto", *QUANTIZATIONS],
                             help="the draft's weights; never changes the output, only the speed "
-                                 "(default: auto = int4 on a CPU with bf16, else none)")
+                                 "(default: auto = w4a8 on an x86 CPU, else int4 on a CPU with bf16, else none)")
         parser.add_argument("--draft-vocab", type=_positive_int, default=None, metavar="N",
                             help="the draft's head scores only the N most frequent tokens (EAGLE-3's reduced "
                                  "vocabulary; native backend; lossless; default: the full vocabulary)")

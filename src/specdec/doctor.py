@@ -89,7 +89,15 @@ def kernels_in_use(decoder) -> dict:
     from specdec.models.native.attention import KEY_BLOCK
     from specdec.models.native.invariance import decoder_projections
 
-    kinds = {name: type(module).__name__ for name, module in decoder_projections(decoder).items()}
+    def kind(module) -> str:  # specdec's own kernel says which of its instruction-set paths runs
+        path = getattr(module, "isa", None)
+        if type(module).__name__ == "W4A8Linear":
+            from specdec.models.native.w4a8 import ISA_PATHS
+
+            return f"W4A8Linear ({next(name for name, value in ISA_PATHS.items() if value == path)} path)"
+        return type(module).__name__
+
+    kinds = {name: kind(module) for name, module in decoder_projections(decoder).items()}
     return {"projections": kinds, "dtype": str(decoder.dtype).removeprefix("torch."),
             "attention": f"blocked, {KEY_BLOCK}-key blocks aligned to position 0, fp32, combined in block order"}
 

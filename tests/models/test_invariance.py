@@ -142,11 +142,13 @@ def test_cheap_probe_passes_on_this_machine():
 
 
 # fp32 under every cap (AVX2 machines run fp32); bf16 where it is the default (AVX-512 and newer);
-# w8a8 weights (integer matmuls) where a cap has VNNI.
+# w8a8 weights (integer matmuls) where a cap has VNNI; w4a8 (specdec's kernel, which follows the cap)
+# under every cap, in the dtype that cap's machines default to.
 VNNI_CAPS = ("AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_AMX")
 CAP_DTYPES = ([(cap, "float32", "none") for cap in CAPS_HERE]
               + [(cap, "bfloat16", "none") for cap in CAPS_HERE if cap != "AVX2"]
-              + [(cap, "bfloat16", "w8a8") for cap in CAPS_HERE if cap in VNNI_CAPS])
+              + [(cap, "bfloat16", "w8a8") for cap in CAPS_HERE if cap in VNNI_CAPS]
+              + [(cap, "float32" if cap == "AVX2" else "bfloat16", "w4a8") for cap in CAPS_HERE])
 CONTEXTS = [n for power in range(4, 13) for n in (2 ** power - 1, 2 ** power + 1)]  # 15, 17, ..., 4095, 4097
 
 

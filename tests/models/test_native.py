@@ -14,6 +14,7 @@ from specdec.models.hf import HFRunner
 from specdec.models.loader import auto_quantization, load_model
 from specdec.models.native import DecoderConfig, UnsupportedModelError
 from specdec.models.native.linear import Int4Linear, Int8Linear, W8A8Linear, make_linear, w8a8_available
+from specdec.models.native.w4a8 import isa_path
 from specdec.models.native.attention import attention_mask
 from specdec.sampling import SamplingParams
 
@@ -144,7 +145,7 @@ def test_int4_linear_is_close_to_the_weight():
 
 
 W8A8_HERE = w8a8_available() is None  # VNNI/AMX; elsewhere w8a8 must refuse clearly (tested below)
-QUANTIZATIONS_HERE = ["int8", "int4"] + (["w8a8"] if W8A8_HERE else [])
+QUANTIZATIONS_HERE = ["int8", "int4", "w4a8"] + (["w8a8"] if W8A8_HERE else [])
 
 
 def w8a8_reference(weight, bias, x):
@@ -188,18 +189,24 @@ def test_w8a8_refuses_cuda_and_paths_that_saturate():
         assert "VNNI or AMX" in result.stdout, result.stdout + result.stderr
 
 
-def test_auto_quantization_is_w8a8_for_targets_only_where_it_is_exact():
+def test_auto_quantization_picks_the_fastest_exact_format_here():
     cpu = torch.device("cpu")
     assert auto_quantization("hf", cpu, torch.float32, "target") == "none"
     assert auto_quantization("native", torch.device("cuda"), torch.bfloat16, "target") == "none"
-    assert auto_quantization("native", cpu, torch.bfloat16, "draft") == "int4"
-    assert auto_quantization("native", cpu, torch.float32, "draft") == "none"
-    assert auto_quantization("native", cpu, torch.bfloat16, "target") == ("w8a8" if W8A8_HERE else "none")
+    fast_path = isa_path() != "scalar"  # any x86 CPU with AVX2: specdec's w4a8 kernel, exact on every path
+    for dtype in (torch.float32, torch.bfloat16):
+        for role in ("draft", "target"):
+            if fast_path:
+                assert auto_quantization("native", cpu, dtype, role) == "w4a8"
+    if not fast_path:
+        assert auto_quantization("native", cpu, torch.bfloat16, "draft") == "int4"
+        assert auto_quantization("native", cpu, torch.bfloat16, "target") == ("w8a8" if W8A8_HERE else "none")
     script = ("import torch; from specdec.models.loader import auto_quantization\n"
               "print(auto_quantization('native', torch.device('cpu'), torch.float32, 'target'))")
     capped = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2"),
                             capture_output=True, text=True, timeout=120)
-    assert capped.stdout.strip() == "none", capped.stderr  # an AVX2-only CPU keeps its float weights
+    # An AVX2-only CPU (no exact int8 x int8 in oneDNN) still gets 4-bit weights from specdec's kernel.
+    assert capped.stdout.strip() == ("w4a8" if fast_path else "none"), capped.stderr
 
 
 @pytest.mark.parametrize("quantize", QUANTIZATIONS_HERE)
@@ -290,7 +297,8 @@ def test_reduced_vocabulary_draft_keeps_greedy_output_exact():
 
 
 @pytest.mark.parametrize("dtype,quantize", [(torch.float32, "none"), (torch.bfloat16, "none"),
-                                            (torch.bfloat16, "int8"), (torch.bfloat16, "int4")]
+                                            (torch.bfloat16, "int8"), (torch.bfloat16, "int4"),
+                                            (torch.float32, "w4a8"), (torch.bfloat16, "w4a8")]
                          + [(dtype, "w8a8") for dtype in (torch.float32, torch.bfloat16) if W8A8_HERE])
 def test_one_token_steps_are_bit_identical_to_a_multi_token_forward(dtype, quantize):
     """Batch invariance: what lets speculative greedy output equal plain greedy output in bf16 too."""

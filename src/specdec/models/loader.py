@@ -76,12 +76,12 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     "hf" (any transformers model), "auto" = native where the architecture is
     supported, else hf with a message on stderr.
     quantize: "int8" or "int4" weight-only quantization, or "w8a8" (int8 weights and
-    activations; native backend only). "auto" picks the fastest format measured on this
-    kind of machine (benchmarks/RESULTS.md, "Faster on a CPU"): for a target, w8a8 where
-    the native backend runs on a CPU with exact int8 matmuls (VNNI or AMX), else none;
-    for a draft, int4 where the native backend runs on a CPU in bf16, else none (a
-    draft's precision changes only the speed, never the output, and int4 reads a
-    quarter of bf16's bytes per token).
+    activations; native backend only), or "w4a8" (4-bit weights, int8 activations, specdec's
+    own kernel). "auto" picks the fastest format measured on this kind of machine
+    (benchmarks/RESULTS.md, "Faster on a CPU"): on an x86 CPU (AVX2 and up) w4a8 for
+    target and draft alike; where its kernel cannot be compiled or has no vector path, a
+    target takes w8a8 on VNNI/AMX CPUs, else none, and a draft int4 in bf16, else none
+    (a draft's precision changes only the speed, never the output).
     cpu_linear (hf backend): "auto" packs linear layers for oneDNN on CPU in
     fp32 (see cpu_linear.py; about 2x cheaper verification of k+1 tokens),
     "torch" keeps stock nn.Linear, "onednn" insists on packing.
@@ -151,10 +151,13 @@ def auto_quantization(backend: str, device: torch.device, dtype: torch.dtype, ro
     """What quantize="auto" means for this model on this machine (see load_model)."""
     if backend != "native" or device.type != "cpu":
         return "none"
+    from specdec.models.native.linear import w8a8_available
+    from specdec.models.native.w4a8 import isa_path, w4a8_available
+
+    if isa_path() != "scalar" and w4a8_available() is None:
+        return "w4a8"
     if role == "draft":
         return "int4" if dtype == torch.bfloat16 else "none"
-    from specdec.models.native.linear import w8a8_available
-
     return "w8a8" if w8a8_available() is None else "none"
 
 

@@ -58,10 +58,15 @@ def _load() -> str | None:
     if hasattr(torch.ops, "specdec_w4a8") and hasattr(torch.ops.specdec_w4a8, "linear"):
         return None
     try:
+        import sys
+
         from torch.utils import cpp_extension
 
+        build = _build_directory()
+        if not (build / "specdec_w4a8.so").exists():
+            print("specdec: compiling the w4a8 CPU kernel (once, about 15 s)", file=sys.stderr, flush=True)
         cpp_extension.load(name="specdec_w4a8", sources=[str(SOURCE)], is_python_module=False,
-                           extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(_build_directory()),
+                           extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build),
                            verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
     except Exception as error:  # no compiler, no ninja, no headers: say which
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -1,0 +1,115 @@
+"""w4a8 (models/native/w4a8.py, kernels/w4a8.cpp): the packed layout, the integer law, and the same
+bits on every instruction-set path and at every row count."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdec.models.cpu_features import cpu_flags
+from specdec.models.native.linear import make_linear
+from specdec.models.native.w4a8 import GROUP_SIZE, ISA_PATHS, W4A8Linear, isa_path, pack, quantize_weight
+
+FLAGS = cpu_flags()
+PATHS_HERE = ["scalar"] + [name for name, needed in (("avx2", {"avx2", "fma", "f16c"}),
+                                                     ("avx512", {"avx512f", "avx512bw", "avx512vl"}),
+                                                     ("avx512_vnni", {"avx512f", "avx512bw", "avx512_vnni"}))
+                           if needed <= FLAGS]
+
+
+def w4a8_reference(linear: W4A8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The w4a8 law in float64: the dequantized 4-bit weights times per-row int8 activations."""
+    x = x.double()
+    row_scales = (x.abs().amax(1, keepdim=True).float().clamp_min(1e-12) / 127).double()
+    xq = torch.round(x / row_scales)
+    bias = 0 if linear.bias is None else linear.bias[:linear.out_features].double()
+    return (xq @ linear.dequantized().double().T) * row_scales + bias
+
+
+def test_packed_layout_matches_the_documented_example():
+    """Byte lane*4+i of chunk c of group g in block b: low nibble q[16b+lane, 32g+8c+i], high 32g+8c+4+i."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (32, 64), generator=generator, dtype=torch.uint8)
+    scales, mins = torch.rand(32, 2).half(), torch.rand(32, 2).half()
+    packed, block_scales, block_mins = pack(q, scales, mins)
+    assert packed.shape == (2, 2, 4, 64) and block_scales.shape == (2, 2, 16)
+    for b, g, c, lane, i in [(0, 0, 0, 0, 0), (1, 1, 3, 15, 3), (1, 0, 2, 7, 1), (0, 1, 1, 9, 2)]:
+        byte = int(packed[b, g, c, lane * 4 + i])
+        assert byte & 0x0F == q[16 * b + lane, 32 * g + 8 * c + i]
+        assert byte >> 4 == q[16 * b + lane, 32 * g + 8 * c + 4 + i]
+    assert block_scales[1, 0, 5] == scales[21, 0] and block_mins[0, 1, 15] == mins[15, 1]
+
+
+def test_quantized_weights_round_to_the_nearest_of_16_levels():
+    weight = torch.randn(48, 96) * torch.linspace(0.01, 3, 96)
+    linear = W4A8Linear(weight, None, torch.float32)
+    groups = weight.reshape(48, 3, GROUP_SIZE)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15
+    error = (linear.dequantized() - weight).abs().reshape(48, 3, GROUP_SIZE).amax(-1)
+    assert (error <= step * 0.5 * 1.01 + 1e-3).all()
+    q, _, _ = quantize_weight(weight)
+    assert q.max() <= 15 and (q == 15).any() and (q == 0).any()
+
+
+def test_w4a8_is_its_integer_law_on_every_path_with_the_same_bits():
+    generator = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(200, 96, generator=generator), torch.randn(200, generator=generator)  # 200: padded
+    x = torch.randn(21, 96, generator=generator) * torch.linspace(0.01, 30, 96)  # outlier channels, as in LLMs
+    linear = W4A8Linear(weight, bias, torch.float32)
+    outputs = {name: linear(x, ISA_PATHS[name]) for name in PATHS_HERE}
+    reference = outputs["scalar"]
+    assert reference.shape == (21, 200)
+    torch.testing.assert_close(reference.double(), w4a8_reference(linear, x), atol=1e-3, rtol=1e-5)
+    for name, out in outputs.items():
+        assert torch.equal(out, reference), name  # exact integers, one float order: identical bits
+
+
+@pytest.mark.parametrize("path", PATHS_HERE)
+def test_a_row_gives_the_same_bits_whatever_shares_its_call(path):
+    """Batch invariance by construction: 1..21 rows, every tile size and remainder of every path."""
+    generator = torch.Generator().manual_seed(4)
+    linear = W4A8Linear(torch.randn(80, 64, generator=generator), None, torch.float32)
+    x = torch.randn(21, 64, generator=generator)
+    together = linear(x, ISA_PATHS[path])
+    for rows in range(1, 22):
+        assert torch.equal(linear(x[:rows], ISA_PATHS[path]), together[:rows]), rows
+    for row in range(21):
+        assert torch.equal(linear(x[row:row + 1], ISA_PATHS[path]), together[row:row + 1]), row
+
+
+def test_real_shapes_on_the_fast_path_match_the_reference_path():
+    """The 1.5B target's gate/up shape: the path in force gives the scalar reference's bits at 1, 9, 16 rows."""
+    generator = torch.Generator().manual_seed(5)
+    linear = W4A8Linear(torch.randn(2048, 1536, generator=generator) * 0.02, None, torch.bfloat16)
+    x = torch.randn(16, 1536, generator=generator).bfloat16()
+    fast = linear(x)
+    assert fast.dtype == torch.bfloat16
+    assert torch.equal(fast, linear(x, ISA_PATHS["scalar"]))
+    assert torch.equal(linear(x[:1]), fast[:1]) and torch.equal(linear(x[:9]), fast[:9])
+
+
+def test_w4a8_refuses_cuda_and_shapes_it_cannot_pack():
+    with pytest.raises(ValueError, match="CPU"):
+        make_linear(torch.randn(16, 32), None, dtype=torch.float32, device=torch.device("cuda"), quantize="w4a8")
+    with pytest.raises(ValueError, match="divisible by 32"):
+        make_linear(torch.randn(16, 48), None, dtype=torch.float32, device=torch.device("cpu"), quantize="w4a8")
+    linear = W4A8Linear(torch.randn(16, 32), None, torch.float32)
+    with pytest.raises(RuntimeError, match="x has 64 inputs"):
+        torch.ops.specdec_w4a8.linear(torch.randn(2, 64), linear.packed, linear.scales, linear.mins, None, 0)
+
+
+def test_the_kernel_path_follows_the_onednn_cap():
+    """ONEDNN_MAX_CPU_ISA caps specdec's kernel as it caps PyTorch's, so one machine runs every path."""
+    assert isa_path() in ISA_PATHS
+    script = "from specdec.models.native.w4a8 import isa_path; print(isa_path())"
+    expected = {"AVX2": "avx2", "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512_vnni"}
+    for cap, path in expected.items():
+        if path not in PATHS_HERE:
+            continue
+        result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ONEDNN_MAX_CPU_ISA=cap),
+                                capture_output=True, text=True, timeout=120)
+        assert result.stdout.strip() == path, result.stdout + result.stderr
