@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.native.linear import DenseLinear, make_linear, w8a8_available
+from specdec.models.native.w4a8 import w4a8_available
 
 ROWS = (1, 2, 5, 9, 16)
 COPIES = 4
@@ -48,12 +49,14 @@ def main() -> None:
         "int8 weights, bf16 act": (torch.bfloat16, "int8"),
         "int4 weights (g32), bf16 act": (torch.bfloat16, "int4"),
         "w8a8 (int8 weights and act)": (torch.bfloat16, "w8a8"),
+        "w4a8 (4-bit weights, int8 act)": (torch.bfloat16, "w4a8"),
     }
     results = []
     print(f"{'format':<30}" + "".join(f"{f'{m} row' + ('s' if m > 1 else ''):>10}" for m in ROWS) + "  MB read")
     with torch.inference_mode():
         for name, (dtype, quantize) in formats.items():
-            if quantize == "w8a8" and (reason := w8a8_available()) is not None:
+            reason = {"w8a8": w8a8_available, "w4a8": w4a8_available}.get(quantize, lambda: None)()
+            if reason is not None:
                 print(f"{name:<30}skipped: {reason}")
                 continue
             if quantize == "unpacked":
@@ -62,7 +65,8 @@ def main() -> None:
                 linears = [make_linear(weight + i * 1e-3, None, dtype=dtype, device=cpu, quantize=quantize)
                            for i in range(COPIES)]
             times = [time_call(linears, torch.randn(m, 1536).to(dtype)) for m in ROWS]
-            megabytes = weight.numel() * {"int8": 1, "int4": 0.5, "w8a8": 1}.get(quantize, dtype.itemsize) / 1e6
+            bytes_per_weight = {"int8": 1, "int4": 0.5, "w8a8": 1, "w4a8": 5 / 8}.get(quantize, dtype.itemsize)
+            megabytes = weight.numel() * bytes_per_weight / 1e6
             results.append(dict(format=name, ms=dict(zip(map(str, ROWS), times)), weight_mb=megabytes))
             print(f"{name:<30}" + "".join(f"{t:>10.2f}" for t in times) + f"{megabytes:>9.0f}", flush=True)
     Path("benchmarks/results").mkdir(parents=True, exist_ok=True)

@@ -41,12 +41,11 @@ from specdec.sampling import SamplingParams
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 DEFAULT_SPECDEC = [
-    "specdec plain bf16=autoregressive,quantize=none",
     "specdec plain w8a8=autoregressive,quantize=w8a8",
-    "specdec draft k4 w8a8=draft:k=4,quantize=w8a8",
-    "specdec draft auto w8a8=draft:k=auto,quantize=w8a8",
-    "specdec ngram+draft auto w8a8=ngram+draft:k=auto,quantize=w8a8",
-    "specdec ngram auto w8a8=ngram:k=auto,quantize=w8a8",
+    "specdec plain w4a8=autoregressive,quantize=w4a8",
+    "specdec draft auto w4a8=draft:k=auto,quantize=w4a8",
+    "specdec ngram+draft auto w4a8=ngram+draft:k=auto,quantize=w4a8",
+    "specdec ngram auto w4a8=ngram:k=auto,quantize=w4a8",
 ]
 LLAMA_MODES = ("plain", "speculative", "lookup")
 

@@ -32,7 +32,12 @@ other paths (a gemv for one row; in fp32 at head_dim 16, 2 rows rounded unlike
 share the call; native/invariance.py checks that at the real model's shapes
 (the tests under every oneDNN ISA cap, `specdec doctor` on the user's machine).
 
-Cost, measured on a 2-core AVX512-BF16 EPYC (Qwen2.5-1.5B heads, one layer,
+On a CPU the law runs as one C++ call per layer (kernels/attention.cpp: each
+query row loops over its own keys, so invariance holds by construction there
+too); the PyTorch form below is what CUDA runs, and the CPU where the kernels
+cannot be compiled.
+
+Cost of the PyTorch form, measured on a 2-core AVX512-BF16 EPYC (Qwen2.5-1.5B heads, one layer,
 `python benchmarks/attention_invariance.py`): at 128-512 cached tokens a decode step's
 attention takes ~165-225 us against ~110-170 us for the unblocked two-matmul
 form; at 4k tokens ~1.9 ms against ~0.75 ms, most of it the fp32 copies of
@@ -44,6 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from specdec.models.native import kernels
 
 KEY_BLOCK = 64  # keys per block; also the granularity of the KV cache's capacity
 ROW_TILE = 8  # query rows per product are padded to a multiple of this
@@ -74,6 +81,8 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     each block's max to the overall max. In a forward padded to S = 6, block {4, 5}
     is all masked, gets r = 0 and comes last: the same terms in the same order.
     """
+    if query.device.type == "cpu" and kernels.load() is None:  # the same law in one call (kernels/attention.cpp)
+        return torch.ops.specdec_attention.blocked(query, keys, values, bias, KEY_BLOCK)
     batch, kv_heads, groups, rows, dim = query.shape
     if rows % ROW_TILE:  # see the module docstring: pad to whole tiles, drop the padding after
         padded = torch.nn.functional.pad(query, (0, 0, 0, round_up(rows, ROW_TILE) - rows))

@@ -13,24 +13,19 @@ instruction set: every path, the scalar reference included, gives the same bits.
 The weights are GGUF Q4_1-like: groups of 32 inputs, w ~= q * scale + min with
 q in 0..15 and fp16 scale and min (5 bits per weight in all).
 
-The kernel is compiled on first use (about 15 s, g++ through
-torch.utils.cpp_extension) into the cache directory and loaded from there after.
+The kernel is compiled on first use (kernels/__init__.py) into the cache directory.
 """
 
 from __future__ import annotations
-
-import functools
-import os
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from specdec.models.cpu_features import effective_isa
+from specdec.models.native import kernels
 
 GROUP_SIZE = 32  # inputs per (scale, min): GGUF's Q4 block
 BLOCK_OUTPUTS = 16  # outputs per packed block: one AVX-512 register of int32 sums
-SOURCE = Path(__file__).with_name("kernels") / "w4a8.cpp"
 
 # The kernel's instruction-set paths (w4a8.cpp's Isa enum), and the oneDNN cap that selects each:
 # the same ONEDNN_MAX_CPU_ISA that caps PyTorch's kernels caps this one, so one machine tests all.
@@ -44,39 +39,9 @@ def isa_path() -> str:
     return _PATH_FOR_CAP.get(effective_isa() or "", "scalar")
 
 
-def _build_directory() -> Path:
-    from specdec.models.hub import cache_root  # the models' cache: one place for everything specdec keeps
-
-    directory = cache_root() / "kernels" / f"w4a8-torch{torch.__version__.replace('+', '_')}"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-@functools.cache
-def _load() -> str | None:
-    """Compile (once) and load the kernel; None on success, else why not."""
-    if hasattr(torch.ops, "specdec_w4a8") and hasattr(torch.ops.specdec_w4a8, "linear"):
-        return None
-    try:
-        import sys
-
-        from torch.utils import cpp_extension
-
-        build = _build_directory()
-        if not (build / "specdec_w4a8.so").exists():
-            print("specdec: compiling the w4a8 CPU kernel (once, about 15 s)", file=sys.stderr, flush=True)
-        cpp_extension.load(name="specdec_w4a8", sources=[str(SOURCE)], is_python_module=False,
-                           extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build),
-                           verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
-    except Exception as error:  # no compiler, no ninja, no headers: say which
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return f"the w4a8 kernel could not be compiled here ({first_line}); it needs g++ and ninja"
-    return None
-
-
 def w4a8_available() -> str | None:
     """None where the w4a8 kernel runs here, else why not (for a clear error)."""
-    return _load()
+    return kernels.load()
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,55 @@
+"""specdec's own CPU kernels, compiled on first use into the cache directory.
+
+- w4a8.cpp: 4-bit weights x int8 activations (models/native/w4a8.py).
+- attention.cpp: the blocked attention law of models/native/attention.py in one call per layer.
+
+One library, built with torch.utils.cpp_extension (g++ and ninja; about 20 s, once per
+PyTorch version), registered as torch.ops.specdec_w4a8 and torch.ops.specdec_attention.
+Where it cannot be built, `load()` says why and the callers keep PyTorch's own kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "attention.cpp")]
+LIBRARY = "specdec_kernels"
+
+
+def build_directory() -> Path:
+    from specdec.models.hub import cache_root  # the models' cache: one place for everything specdec keeps
+
+    directory = cache_root() / "kernels" / f"torch{torch.__version__.replace('+', '_')}"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@functools.cache
+def load() -> str | None:
+    """Compile (once) and load the kernels; None on success, else why not."""
+    if os.environ.get("SPECDEC_NO_KERNELS"):
+        return "SPECDEC_NO_KERNELS is set"
+    try:
+        from torch.utils import cpp_extension
+
+        try:  # the `ninja` wheel's binary, which need not be on PATH (a virtualenv not activated)
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass  # a system ninja, if any
+        build = build_directory()
+        if not (build / f"{LIBRARY}.so").exists():
+            print("specdec: compiling specdec's CPU kernels (once, about 20 s)", file=sys.stderr, flush=True)
+        cpp_extension.load(name=LIBRARY, sources=[str(source) for source in SOURCES], is_python_module=False,
+                           extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build),
+                           verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))
+    except Exception as error:  # no compiler, no ninja, no headers: say which
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return f"specdec's CPU kernels could not be compiled here ({first_line}); they need g++ and ninja"
+    return None
