@@ -98,8 +98,13 @@ def kernels_in_use(decoder) -> dict:
         return type(module).__name__
 
     kinds = {name: kind(module) for name, module in decoder_projections(decoder).items()}
+    from specdec.models.native import kernels
+
+    on_cpu = decoder.device.type == "cpu" and kernels.load() is None
+    where = "specdec's C++ kernel" if on_cpu else "PyTorch ops"
     return {"projections": kinds, "dtype": str(decoder.dtype).removeprefix("torch."),
-            "attention": f"blocked, {KEY_BLOCK}-key blocks aligned to position 0, fp32, combined in block order"}
+            "attention": f"blocked, {KEY_BLOCK}-key blocks aligned to position 0, fp32, combined in block order "
+                         f"({where})"}
 
 
 def cmd_doctor(args) -> int:
