@@ -133,8 +133,11 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
         head_rows = None
         if head_vocab is not None:
             head_rows = frequent_token_ids(tokenizer, head_vocab, native_config.vocab_size)
+        # A target keeps a finer output head (linear.head_quantization); a draft's precision only
+        # changes its speed, and its head is a quarter of its bytes per step: the same format as the rest.
         runner = load_native_runner(path, dtype=torch_dtype, device=torch_device, quantize=quantize,
-                                    head_rows=head_rows, config=native_config)
+                                    head_rows=head_rows, config=native_config,
+                                    head_quantize=quantize if role == "draft" else None)
         if role == "target" if probe is None else probe:
             runner.check_invariance()
     else:

@@ -42,8 +42,9 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_native_runner(path: Path, *, dtype: torch.dtype, device: torch.device, quantize: str = "none",
-                       head_rows: torch.Tensor | None = None, config: DecoderConfig | None = None) -> NativeRunner:
+                       head_rows: torch.Tensor | None = None, config: DecoderConfig | None = None,
+                       head_quantize: str | None = None) -> NativeRunner:
     config = config or read_config(path)
     decoder = NativeDecoder.from_state_dict(config, read_safetensors(path), dtype=dtype, device=device,
-                                            quantize=quantize, head_rows=head_rows)
+                                            quantize=quantize, head_rows=head_rows, head_quantize=head_quantize)
     return NativeRunner(decoder, head_rows=head_rows)

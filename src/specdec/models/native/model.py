@@ -106,10 +106,11 @@ class NativeDecoder(nn.Module):
     @classmethod
     def from_state_dict(cls, config: DecoderConfig, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
                         device: torch.device, quantize: str = "none",
-                        head_rows: torch.Tensor | None = None) -> NativeDecoder:
+                        head_rows: torch.Tensor | None = None, head_quantize: str | None = None) -> NativeDecoder:
         """Build from transformers' parameter names (model.layers.N.self_attn.q_proj.weight, ...).
 
         head_rows [N]: keep only these rows of the output head (a reduced-vocabulary draft head).
+        head_quantize: the output head's format (default: linear.head_quantization(quantize)).
         Consumes `weights` (entries are popped as they are converted, to bound peak memory).
         """
         def take(name: str) -> torch.Tensor:
@@ -139,8 +140,8 @@ class NativeDecoder(nn.Module):
         if head_rows is not None:
             head_weight = head_weight[head_rows.to(head_weight.device)]
         norm = RMSNorm(dense(take("model.norm.weight")), config.rms_norm_eps)
-        return cls(config, dense(embedding), blocks, norm, linear(head_weight, quantize=head_quantization(quantize)), dtype,
-                   device)
+        head = linear(head_weight, quantize=head_quantize or head_quantization(quantize))
+        return cls(config, dense(embedding), blocks, norm, head, dtype, device)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache, *,
                 among_new: torch.Tensor | None = None, last_n_logits: int | None = None

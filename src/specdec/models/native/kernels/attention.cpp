@@ -71,7 +71,7 @@ inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
-constexpr int kTileRows = 8;  // query rows that share a key sequence, attended together
+constexpr int kTileRows = 32;  // query rows that share a key sequence, attended together
 
 // R query rows (same keys) against their keys. Each block's keys and values are converted to fp32
 // once (into `keys32`, `values32`) and used by every row; every row's arithmetic is the same as
