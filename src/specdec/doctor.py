@@ -90,12 +90,8 @@ def kernels_in_use(decoder) -> dict:
     from specdec.models.native.invariance import decoder_projections
 
     def kind(module) -> str:  # specdec's own kernel says which of its instruction-set paths runs
-        path = getattr(module, "isa", None)
-        if type(module).__name__ == "W4A8Linear":
-            from specdec.models.native.w4a8 import ISA_PATHS
-
-            return f"W4A8Linear ({next(name for name, value in ISA_PATHS.items() if value == path)} path)"
-        return type(module).__name__
+        path = getattr(module, "path", None)
+        return type(module).__name__ + (f" ({path} path)" if path else "")
 
     kinds = {name: kind(module) for name, module in decoder_projections(decoder).items()}
     from specdec.models.native import kernels

@@ -76,7 +76,10 @@ def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 
 
 class W4A8Linear(nn.Module):
-    """One projection in w4a8 (see the module docstring): exact, batch-invariant, flat from 1 to 16 rows."""
+    """One projection in w4a8 (see the module docstring): exact and batch-invariant on every path.
+
+    path: the instruction-set path this process runs (isa_path()); forward(x, isa) may run another
+    (the tests compare them all)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
@@ -94,7 +97,7 @@ class W4A8Linear(nn.Module):
         self.register_buffer("mins", block_mins)
         self.register_buffer("bias", None if bias is None else nn.functional.pad(bias.float(), (0, padded)))
         self.dtype = dtype
-        self.isa = ISA_PATHS[isa_path()]
+        self.path = isa_path()
 
     def dequantized(self) -> torch.Tensor:  # [N, K], for tests and quality reports
         q_lo, q_hi = self.packed & 0x0F, self.packed >> 4  # [B, G, 4, 64]
@@ -109,7 +112,7 @@ class W4A8Linear(nn.Module):
     def forward(self, x: torch.Tensor, isa: int | None = None) -> torch.Tensor:  # [..., K] -> [..., N]
         rows = x.reshape(-1, self.in_features)
         out = torch.ops.specdec_w4a8.linear(rows, self.packed, self.scales, self.mins, self.bias,
-                                            self.isa if isa is None else isa)
+                                            ISA_PATHS[self.path] if isa is None else isa)
         if out.shape[1] != self.out_features:
             out = out[:, :self.out_features]
         return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -166,12 +166,10 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
 }
 
 // AVX-512: 16 outputs per register; a tile is R rows x B blocks, so each activation broadcast
-// feeds B vpdpbusd (the broadcasts, not the multiplies, bound this loop on Zen 4). VNNI fuses
-// vpmaddubsw + vpmaddwd + add into vpdpbusd; both give the same exact int32 sums.
-#ifndef SPECDEC_W4A8_ROWS
-#define SPECDEC_W4A8_ROWS 4
-#endif
-constexpr int kTileRows = SPECDEC_W4A8_ROWS;
+// feeds B vpdpbusd (measured on Zen 4: about as fast as one block per tile, and as tiles of 6 or
+// 8 rows; from ~4 rows the integer multiplies bound it). VNNI fuses vpmaddubsw + vpmaddwd + add
+// into vpdpbusd; both give the same exact int32 sums.
+constexpr int kTileRows = 4;
 constexpr int kTileBlocks = 2;
 
 template <int R, int B, bool kVnni>
@@ -240,14 +238,6 @@ template <int B, bool kVnni>
 void rows_avx512(const Problem& p, int64_t b0, int64_t m0, int64_t rows) {
   for (; rows >= kTileRows; rows -= kTileRows, m0 += kTileRows) tile_avx512<kTileRows, B, kVnni>(p, b0, m0);
   switch (rows) {  // the last, shorter tile
-#if SPECDEC_W4A8_ROWS > 7
-    case 7: tile_avx512<7, B, kVnni>(p, b0, m0); break;
-    case 6: tile_avx512<6, B, kVnni>(p, b0, m0); break;
-#endif
-#if SPECDEC_W4A8_ROWS > 5
-    case 5: tile_avx512<5, B, kVnni>(p, b0, m0); break;
-    case 4: tile_avx512<4, B, kVnni>(p, b0, m0); break;
-#endif
     case 3: tile_avx512<3, B, kVnni>(p, b0, m0); break;
     case 2: tile_avx512<2, B, kVnni>(p, b0, m0); break;
     case 1: tile_avx512<1, B, kVnni>(p, b0, m0); break;
