@@ -13,7 +13,8 @@ from specdec.engine import SpecEngine
 from specdec.models.hf import HFRunner
 from specdec.models.loader import auto_quantization, load_model
 from specdec.models.native import DecoderConfig, UnsupportedModelError
-from specdec.models.native.linear import Int4Linear, Int8Linear, W8A8Linear, make_linear, w8a8_available
+from specdec.models.native.linear import (Int4Linear, Int8Linear, W8A8Linear, head_quantization, make_linear,
+                                          w8a8_available)
 from specdec.models.native.w4a8 import isa_path
 from specdec.models.native.attention import attention_mask
 from specdec.sampling import SamplingParams
@@ -216,7 +217,9 @@ def test_quantized_model_mostly_agrees_with_fp32(quantize):
     exact = make_native(model).forward(ids, positions).logits
     quantized = make_native(model, dtype=torch.bfloat16, quantize=quantize).forward(ids, positions).logits
     agreement = (quantized.argmax(-1) == exact.argmax(-1)).float().mean()
-    assert agreement >= (0.75 if quantize == "int4" else 0.9)
+    # 4-bit everywhere (int4; w4a8 where no exact 8-bit head runs, e.g. AVX2) agrees less than 8-bit.
+    four_bit_head = quantize == "int4" or head_quantization(quantize) == "w4a8"
+    assert agreement >= (0.75 if four_bit_head else 0.9)
 
 
 def test_reduced_head_scores_only_its_rows():

@@ -68,6 +68,22 @@ def test_w4a8_is_its_integer_law_on_every_path_with_the_same_bits():
         assert torch.equal(out, reference), name  # exact integers, one float order: identical bits
 
 
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_largest_group_sums_stay_exact_on_every_path(sign):
+    """Every weight at q = 15 and every activation at +-127: a group's sum is 32 * 15 * 127 = 60960,
+    past int16, with the AVX2 path's int16 partial sums at their bound (8 pair sums of 3810 = 30480)."""
+    q = torch.full((16, 64), 15, dtype=torch.uint8)
+    ones = torch.ones(16, 2).half()
+    linear = W4A8Linear(torch.randn(16, 64), None, torch.float32)
+    packed, scales, mins = pack(q, ones, torch.zeros(16, 2).half())
+    linear.packed.copy_(packed)
+    linear.scales.copy_(scales)
+    linear.mins.copy_(mins)
+    x = torch.full((3, 64), 127.0 * sign)  # row scale 1: xq = +-127
+    for name in PATHS_HERE:
+        assert torch.equal(linear(x, ISA_PATHS[name]), torch.full((3, 16), 2 * 60960.0 * sign)), name
+
+
 @pytest.mark.parametrize("path", PATHS_HERE)
 def test_a_row_gives_the_same_bits_whatever_shares_its_call(path):
     """Batch invariance by construction: 1..21 rows, every tile size and remainder of every path."""
@@ -113,3 +129,17 @@ def test_the_kernel_path_follows_the_onednn_cap():
         result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, ONEDNN_MAX_CPU_ISA=cap),
                                 capture_output=True, text=True, timeout=120)
         assert result.stdout.strip() == path, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_packs_the_same_bytes_as_the_python_reference(dtype):
+    """W4A8Linear packs in C++ (quantize_pack); quantize_weight + pack are the documented law."""
+    generator = torch.Generator().manual_seed(6)
+    weight = (torch.randn(40, 96, generator=generator) * torch.linspace(0.001, 4, 96)).to(dtype)  # 40: padded
+    weight[3, :32] = 0.5  # a constant group: the smallest scale
+    weight[5, :32] = torch.tensor([0.0, 15.0] + [i + 0.5 for i in range(15)] + [7.0] * 15)  # scale 1: ties
+    linear = W4A8Linear(weight, None, torch.float32)
+    padded = torch.nn.functional.pad(weight.float(), (0, 0, 0, 8))
+    packed, scales, mins = pack(*quantize_weight(padded))
+    assert torch.equal(linear.packed, packed)
+    assert torch.equal(linear.scales, scales) and torch.equal(linear.mins, mins)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specdec.models.kv_cache import StaticKVCache
+from specdec.models.native import kernels
 from specdec.models.native.attention import AttentionPlan
 from specdec.models.native.config import DecoderConfig
 from specdec.models.native.linear import head_quantization, make_linear
@@ -26,10 +27,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_layer_ops(x) and x.dtype == self.weight.dtype:  # the same law in one call (kernels/layer_ops.cpp)
+            return torch.ops.specdec_layer.rms_norm(x, self.weight, self.eps)
         # In fp32 whatever the compute dtype, as transformers does.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+def fused_layer_ops(x: torch.Tensor) -> bool:
+    """Whether x's layer ops run as specdec's CPU kernels (kernels/layer_ops.cpp) rather than PyTorch ops."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and kernels.load() is None
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -61,12 +69,17 @@ class Attention(nn.Module):
                 plan: AttentionPlan) -> torch.Tensor:
         batch, steps, _ = x.shape
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        query, key, value = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        query = query.view(batch, steps, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-        key = key.view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        value = value.view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        query = query * cos + rotate_half(query) * sin
-        key = key * cos + rotate_half(key) * sin
+        qkv = self.qkv(x)  # [B, T, q_size + 2 kv_size]
+        if fused_layer_ops(qkv) and cos.dtype == qkv.dtype:  # the same ops in one call (kernels/layer_ops.cpp)
+            query, key, value = torch.ops.specdec_layer.split_rope(qkv, cos, sin, self.num_heads,
+                                                                   self.num_kv_heads, self.head_dim)
+        else:
+            query, key, value = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            query = query.view(batch, steps, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+            key = key.view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+            value = value.view(batch, steps, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            query = query * cos + rotate_half(query) * sin
+            key = key * cos + rotate_half(key) * sin
         cache.write(layer, key, value)
         keys, values = cache.view(layer, plan.key_length)  # [B, Hkv, S, D], whole key blocks
         attended = plan.attend(query, keys, values)  # [B, Hq, T, D]

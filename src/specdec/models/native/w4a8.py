@@ -89,9 +89,8 @@ class W4A8Linear(nn.Module):
         if self.in_features % GROUP_SIZE:
             raise ValueError(f"w4a8 needs in_features ({self.in_features}) divisible by {GROUP_SIZE}")
         padded = -self.out_features % BLOCK_OUTPUTS  # whole 16-output blocks; the extra outputs are sliced off
-        weight = nn.functional.pad(weight.float(), (0, 0, 0, padded))
-        q, scales, mins = quantize_weight(weight)
-        packed, block_scales, block_mins = pack(q, scales, mins)
+        # quantize_weight + pack in one C++ pass (the same bytes; tests compare them).
+        packed, block_scales, block_mins = torch.ops.specdec_w4a8.quantize_pack(weight, self.out_features + padded)
         self.register_buffer("packed", packed)
         self.register_buffer("scales", block_scales)
         self.register_buffer("mins", block_mins)

@@ -2,9 +2,11 @@
 
 - w4a8.cpp: 4-bit weights x int8 activations (models/native/w4a8.py).
 - attention.cpp: the blocked attention law of models/native/attention.py in one call per layer.
+- layer_ops.cpp: RMSNorm, and the q/k/v split with RoPE, of models/native/model.py in one call each.
 
-One library, built with torch.utils.cpp_extension (g++ and ninja; about 20 s, once per
-PyTorch version), registered as torch.ops.specdec_w4a8 and torch.ops.specdec_attention.
+One library, built with torch.utils.cpp_extension (g++ and ninja; about 30 s, once per
+PyTorch version), registered as torch.ops.specdec_w4a8, torch.ops.specdec_attention and
+torch.ops.specdec_layer.
 Where it cannot be built, `load()` says why and the callers keep PyTorch's own kernels.
 """
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "attention.cpp", "layer_ops.cpp")]
 LIBRARY = "specdec_kernels"
 
 
@@ -45,7 +47,7 @@ def load() -> str | None:
             pass  # a system ninja, if any
         build = build_directory()
         if not (build / f"{LIBRARY}.so").exists():
-            print("specdec: compiling specdec's CPU kernels (once, about 20 s)", file=sys.stderr, flush=True)
+            print("specdec: compiling specdec's CPU kernels (once, about 30 s)", file=sys.stderr, flush=True)
         cpp_extension.load(name=LIBRARY, sources=[str(source) for source in SOURCES], is_python_module=False,
                            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build),
                            verbose=bool(os.environ.get("SPECDEC_VERBOSE_BUILD")))

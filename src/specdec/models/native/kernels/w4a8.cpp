@@ -27,9 +27,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -119,7 +121,10 @@ void block_scalar(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
 
 #ifdef SPECDEC_X86
 
-// AVX2 (+FMA, F16C): 8 outputs per register, so each block is two halves; up to 4 rows per pass.
+// AVX2 (+FMA, F16C): 8 outputs per register, so each block is two halves; up to 8 rows per pass.
+// A group's eight vpmaddubsw results are added in int16 before one vpmaddwd widens them: each
+// holds pair sums of at most 2 * 15 * 127 = 3810 in magnitude, and 8 * 3810 = 30480 < 32767, so
+// the int16 sums are exact (the same integers as VNNI's) with 9 multiplies per 256 products, not 16.
 template <int R>
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_t b, int64_t m0) {
   const int64_t groups = p.K / kGroup;
@@ -136,15 +141,15 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
         const __m256i w = _mm256_loadu_si256((const __m256i*)(chunk + c * 64));
         const __m256i lo = _mm256_and_si256(w, low_nibbles);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
+        const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0) * 8;
         for (int r = 0; r < R; ++r) {
-          const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0 + r) * 8;
-          int32_t xa, xb;
-          std::memcpy(&xa, x, 4);
-          std::memcpy(&xb, x + 4, 4);
-          const __m256i pa = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa));
-          const __m256i pb = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb));
-          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pa, ones));
-          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pb, ones));
+          const __m256i xa = _mm256_set1_epi32(*(const unaligned_int32*)(x + 8 * r));
+          const __m256i xb = _mm256_set1_epi32(*(const unaligned_int32*)(x + 8 * r + 4));
+          acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(lo, xa));
+          acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(hi, xb));
+          // Keeps GCC from reassociating the group's 32 int16 adds (legal for integers) into
+          // all products first and their sum after, which spills most of them to the stack.
+          __asm__("" : "+x"(acc[r]));
         }
       }
       const int64_t at = (b * groups + g) * kLanes + 8 * half;
@@ -152,8 +157,8 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
       const __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.mins + at)));
       for (int r = 0; r < R; ++r) {
         const __m256 xs = _mm256_set1_ps(p.xsum[(m0 + r) * groups + g]);
-        const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), scale, _mm256_mul_ps(min, xs));
-        y[r] = _mm256_add_ps(y[r], t);
+        const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r], ones));
+        y[r] = _mm256_add_ps(y[r], _mm256_fmadd_ps(sums, scale, _mm256_mul_ps(min, xs)));
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -252,13 +257,24 @@ void blocks_avx512(const Problem& p, int64_t b0, int64_t count) {
   if (count) rows_avx512<1, kVnni>(p, b0, 0, p.M);
 }
 
+// Rows in tiles of at most 8, balanced (9 rows -> 5 + 4, not 8 + 1): each tile unpacks the block's
+// weights once more, and a 1-row tile leaves the integer units idle.
 void block_avx2(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
-  for (; rows >= 4; rows -= 4, m0 += 4) tile_avx2<4>(p, b, m0);
-  switch (rows) {
-    case 3: tile_avx2<3>(p, b, m0); break;
-    case 2: tile_avx2<2>(p, b, m0); break;
-    case 1: tile_avx2<1>(p, b, m0); break;
-    default: break;
+  constexpr int64_t kMaxRows = 8;
+  while (rows > 0) {
+    const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows, tile = (rows + tiles - 1) / tiles;
+    switch (tile) {
+      case 8: tile_avx2<8>(p, b, m0); break;
+      case 7: tile_avx2<7>(p, b, m0); break;
+      case 6: tile_avx2<6>(p, b, m0); break;
+      case 5: tile_avx2<5>(p, b, m0); break;
+      case 4: tile_avx2<4>(p, b, m0); break;
+      case 3: tile_avx2<3>(p, b, m0); break;
+      case 2: tile_avx2<2>(p, b, m0); break;
+      default: tile_avx2<1>(p, b, m0); break;
+    }
+    rows -= tile;
+    m0 += tile;
   }
 }
 
@@ -339,10 +355,73 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return out;
 }
 
+// quantize_weight + pack of w4a8.py in one pass over the weights (the reference stays in Python):
+// a load quantizes 1.5B weights, which took ~27 s of a 33 s load in whole-tensor PyTorch ops (fp32
+// copies, padding, six passes over memory). Same float operations in the same order, so the same
+// bytes: scale = fp16(max((high - low) / 15, 2^-14)), min = fp16(low), q = clamp(round((w - min) / scale)).
+// Outputs past the weight's rows (padding to whole 16-output blocks) are zero weights.
+std::vector<at::Tensor> quantize_pack(const at::Tensor& weight, int64_t padded_outputs) {
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0 && padded_outputs % kLanes == 0 &&
+                  padded_outputs >= weight.size(0),
+              "quantize_pack: weight must be [N, K] with K divisible by 32, padded to whole 16-output blocks");
+  // One fp32 row at a time, converted exactly from bf16/fp16/fp32: no fp32 copy of a whole matrix.
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), groups = K / kGroup, blocks = padded_outputs / kLanes;
+  at::Tensor packed = at::empty({blocks, groups, kChunks, 64}, weight.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({blocks, groups, kLanes}, weight.options().dtype(at::kHalf));
+  at::Tensor mins = at::empty({blocks, groups, kLanes}, weight.options().dtype(at::kHalf));
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  at::Half* scale_out = scales.data_ptr<at::Half>();
+  at::Half* min_out = mins.data_ptr<at::Half>();
+  at::parallel_for(0, padded_outputs, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(K);
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t b = n / kLanes, lane = n % kLanes;
+      if (n < N) {
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "quantize_pack", [&] {
+          const scalar_t* source = w.data_ptr<scalar_t>() + n * K;
+          for (int64_t k = 0; k < K; ++k) row[k] = static_cast<float>(source[k]);
+        });
+      } else {
+        std::fill(row.begin(), row.end(), 0.f);
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* group = row.data() + g * kGroup;
+        float low = group[0], high = group[0];
+        for (int64_t i = 1; i < kGroup; ++i) {  // comparisons, not fmin/fmax: they vectorize
+          low = group[i] < low ? group[i] : low;
+          high = group[i] > high ? group[i] : high;
+        }
+        const at::Half scale_h(std::fmax((high - low) / 15.0f, 0x1p-14f)), min_h(low);
+        const float scale = static_cast<float>(scale_h), min = static_cast<float>(min_h);
+        scale_out[(b * groups + g) * kLanes + lane] = scale_h;
+        min_out[(b * groups + g) * kLanes + lane] = min_h;
+        uint8_t q[kGroup];
+        for (int64_t i = 0; i < kGroup; ++i) {
+          // Round half to even as torch.round does: adding and removing 1.5 * 2^23 leaves the
+          // float's integer part, rounded by the FPU's default mode (exact for |v| < 2^22).
+          const float v = (group[i] - min) / scale;
+          const float rounded = (v + 12582912.0f) - 12582912.0f;
+          q[i] = static_cast<uint8_t>(rounded < 0.f ? 0.f : (rounded > 15.f ? 15.f : rounded));
+        }
+        uint8_t* chunk = out + (b * groups + g) * kChunks * 64;
+        for (int64_t c = 0; c < kChunks; ++c) {  // input 8c + j and 8c + 4 + j -> byte lane * 4 + j of chunk c
+          for (int64_t j = 0; j < 4; ++j) chunk[c * 64 + lane * 4 + j] = q[8 * c + j] | (q[8 * c + 4 + j] << 4);
+        }
+      }
+    }
+  });
+  return {packed, scales, mins};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec_w4a8, m) {
   m.def("linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor? bias, int isa) -> Tensor");
+  m.def("quantize_pack(Tensor weight, int padded_outputs) -> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(specdec_w4a8, CPU, m) { m.impl("linear", &w4a8_linear); }
+TORCH_LIBRARY_IMPL(specdec_w4a8, CPU, m) {
+  m.impl("linear", &w4a8_linear);
+  m.impl("quantize_pack", &quantize_pack);
+}

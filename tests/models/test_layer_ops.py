@@ -1,0 +1,83 @@
+"""kernels/layer_ops.cpp: RMSNorm and the q/k/v split with RoPE in one call each, against model.py's
+PyTorch forms (the fallback where the kernels cannot be built), and row by row (batch invariance)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import make_model, make_native
+from specdec.models.native import kernels
+from specdec.models.native.model import Rotary, rotate_half
+
+pytestmark = pytest.mark.skipif(kernels.load() is not None, reason=f"no kernels here: {kernels.load()}")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def rms_norm_in_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_rope_is_the_pytorch_ops_bit_for_bit(dtype):
+    """Qwen2.5-1.5B's heads (12 query, 2 key/value, 128 dims), 2 rows x 5 tokens at scattered positions."""
+    heads, kv_heads, dim, batch, steps = 12, 2, 128, 2, 5
+    generator = torch.Generator().manual_seed(0)
+    qkv = torch.randn(batch, steps, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
+    cos, sin = Rotary(dim, 1e6, torch.device("cpu"))(torch.arange(batch * steps).reshape(batch, steps) * 37, dtype)
+    query, key, value = torch.ops.specdec_layer.split_rope(qkv, cos, sin, heads, kv_heads, dim)
+
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q = q.view(batch, steps, heads, dim).transpose(1, 2)
+    k = k.view(batch, steps, kv_heads, dim).transpose(1, 2)
+    assert torch.equal(query, q * cos + rotate_half(q) * sin)
+    assert torch.equal(key, k * cos + rotate_half(k) * sin)
+    assert torch.equal(value, v.view(batch, steps, kv_heads, dim).transpose(1, 2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_is_the_pytorch_law_and_row_invariant(dtype):
+    generator = torch.Generator().manual_seed(1)
+    x = (torch.randn(3, 7, 1536, generator=generator) * torch.linspace(0.1, 20, 1536)).to(dtype)  # outlier channels
+    weight = (torch.rand(1536, generator=generator) + 0.5).to(dtype)
+    fused = torch.ops.specdec_layer.rms_norm(x, weight, 1e-6)
+    assert fused.dtype == dtype and fused.shape == x.shape
+    # Only the order of the sum of squares differs from PyTorch's mean: an ulp of the scale at most.
+    tolerance = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(fused, rms_norm_in_torch(x, weight, 1e-6), **tolerance)
+    rows = x.reshape(-1, 1536)
+    for row in range(rows.shape[0]):  # each row alone: the same bits as in the batch
+        assert torch.equal(torch.ops.specdec_layer.rms_norm(rows[row:row + 1], weight, 1e-6),
+                           fused.reshape(-1, 1536)[row:row + 1])
+
+
+def test_kernel_checks_refuse_mismatched_shapes():
+    with pytest.raises(RuntimeError, match="rms_norm: weight"):
+        torch.ops.specdec_layer.rms_norm(torch.randn(2, 8), torch.randn(9), 1e-6)
+    with pytest.raises(RuntimeError, match="split_rope: qkv"):
+        torch.ops.specdec_layer.split_rope(torch.randn(1, 2, 30), torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4),
+                                           2, 1, 4)
+
+
+def test_a_model_with_the_kernels_agrees_with_its_pytorch_fallback():
+    """The same tiny model with and without specdec's kernels (SPECDEC_NO_KERNELS): the same greedy tokens."""
+    script = ("import torch, sys; sys.path.insert(0, 'tests'); from conftest import make_model, make_native\n"
+              "model = make_native(make_model(seed=3, hidden=64))\n"
+              "ids = torch.randint(0, 60, (1, 24), generator=torch.Generator().manual_seed(2))\n"
+              "logits = model.forward(ids, torch.arange(24)[None]).logits\n"
+              "print(' '.join(map(str, logits.argmax(-1)[0].tolist())))")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    outputs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=300,
+                              env={**os.environ, **extra}) for extra in ({}, {"SPECDEC_NO_KERNELS": "1"})]
+    for output in outputs:
+        assert output.returncode == 0, output.stderr
+    assert outputs[0].stdout.split() == outputs[1].stdout.split() and len(outputs[0].stdout.split()) == 24
+    model = make_native(make_model(seed=3, hidden=64))
+    in_process = model.forward(torch.randint(0, 60, (1, 24), generator=torch.Generator().manual_seed(2)),
+                               torch.arange(24)[None]).logits
+    assert in_process.argmax(-1)[0].tolist() == list(map(int, outputs[0].stdout.split()))
