@@ -93,6 +93,40 @@ def test_a_new_request_starts_from_what_earlier_requests_measured():
     assert min(controller.rates()) > 0.95  # shrunk towards the prior, so never quite 1
 
 
+def _measured(accept: float) -> AdaptiveK:
+    """A controller after 30 steps of one request (draft 0.02 s a token, plain step 0.1 s) and one
+    catch-up of 64 tokens in 0.32 s (5 ms a token)."""
+    controller = AdaptiveK(max_k=8)
+    controller.start_request()
+    controller.record(drafted=0, accepted=0, draft_s=0.32, verified_tokens=1, verify_s=0.1, caught_up=64)
+    _feed(controller, 30, accept=accept, draft_s=0.02, verify_s_per_token=0.0, verify_s_fixed=0.1)
+    return controller
+
+
+def test_a_catch_up_that_drafting_cannot_pay_back_is_not_begun():
+    """Reading 256 prompt tokens costs 1.28 s. With alpha 0.9 drafting saves more than that over 128
+    tokens; with alpha 0.3 it saves ~2 ms a token (0.3 s over 128): that request decodes plainly,
+    exploration included, and the next request weighs its own catch-up afresh."""
+    good, poor = _measured(0.9), _measured(0.3)
+    for controller in (good, poor):
+        controller.start_request()
+    assert good.next_k(catch_up_tokens=256, remaining_tokens=128) > 0
+    assert poor.next_k(catch_up_tokens=0, remaining_tokens=128) > 0  # nothing to read: drafting pays
+    assert poor.next_k(catch_up_tokens=256, remaining_tokens=128) == 0
+    assert [poor.next_k() for _ in range(20)] == [0] * 20  # the request stays plain: no exploring
+    poor.start_request()
+    assert poor.next_k(catch_up_tokens=256, remaining_tokens=100_000) > 0  # a long answer pays it back
+
+
+def test_the_catch_up_is_weighed_only_before_a_request_drafts():
+    """Once a request has drafted, what the proposer has not read is a normal step's catch-up, part of
+    its measured draft time: 64 unread tokens with 1 token left would be vetoed at the start."""
+    drafted, fresh = _measured(0.5), _measured(0.5)
+    fresh.start_request()
+    assert drafted.next_k(catch_up_tokens=64, remaining_tokens=1) > 0
+    assert fresh.next_k(catch_up_tokens=64, remaining_tokens=1) == 0
+
+
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
 def test_bad_max_k_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="max_k"):
@@ -236,9 +270,9 @@ class CheapDraftTimings(AdaptiveK):
     with measured times k would sit at 1; fixed times make the test deterministic and keep
     k moving with the measured acceptance, which is the history-dependent part under test."""
 
-    def record(self, *, drafted, accepted, draft_s, verified_tokens, verify_s):
+    def record(self, *, drafted, accepted, draft_s, verified_tokens, verify_s, caught_up=0):
         super().record(drafted=drafted, accepted=accepted, draft_s=0.001 * drafted, verified_tokens=verified_tokens,
-                       verify_s=0.1)
+                       verify_s=0.1, caught_up=caught_up)
 
 
 def test_auto_k_with_early_stopping_keeps_the_target_distribution():

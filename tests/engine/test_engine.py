@@ -98,6 +98,20 @@ def test_a_long_prompt_is_read_in_chunks_before_drafting(plain, tokenizer):
         DraftModelProposer(draft, catch_up_chunk=0)
 
 
+def test_auto_k_learns_what_reading_the_prompt_costs(plain, tokenizer):
+    """-k auto sees the draft's catch-up: unread_tokens counts the prompt's window, and the engine
+    records each chunk's tokens with its time (the controller's decision on it: test_adaptive.py)."""
+    prompt = " ".join(["the quick brown fox jumps"] * 3)
+    reference = plain.generate(prompt, max_new_tokens=30)
+    prompt_len = len(reference.prompt_token_ids)
+    proposer = DraftModelProposer(HFRunner(make_model(seed=0)), catch_up_chunk=8, context_window=20)
+    assert proposer.unread_tokens(prompt_len) == 20  # a fresh request: the prompt's last 20 tokens
+    engine = SpecEngine(plain.target, proposer, tokenizer, k="auto")
+    assert engine.generate(prompt, max_new_tokens=30).token_ids == reference.token_ids
+    read = engine.adaptive._catch_up
+    assert [tokens for tokens, _ in read] == [8, 8] and all(seconds > 0 for _, seconds in read)
+
+
 def test_draft_cache_tracks_the_committed_tokens(plain, tokenizer):
     """After every step the draft's cache holds only committed tokens (prefix of the context)."""
     draft = HFRunner(make_model(seed=0))

@@ -24,6 +24,14 @@ step the engine tells an AdaptiveK what happened, and before the next one asks i
               request's first step carries the draft's prefill of the whole prompt
               (ten times a draft step on the embedded pair), and one such outlier
               in a mean held k at 1 for twenty steps;
+  catch-up    a draft model reads a long prompt in chunks before it can draft (its own
+              prefill, draft_model.py), a cost plain decoding never pays. Once per
+              request, before that reading starts, the controller weighs it: the
+              time drafting is predicted to save over the request's remaining tokens
+              against the reading's predicted time (seconds per token measured on
+              earlier catch-ups). Where the saving is smaller the request decodes
+              plainly from the start, exploration included: speculation that cannot
+              pay back its draft's prefill is not begun;
   k           analysis/theory.py's best_k: the argmax over k of predicted tokens/s,
               expected tokens (Equation 1, per-position rates) / (draft_s(k) + verify_s(k + 1)),
               k = 0 (plain decoding) included once a few drafted steps are measured:
@@ -41,7 +49,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 
-from specdec.analysis.theory import best_k
+from specdec.analysis.theory import best_k, expected_tokens_from_rates
 
 
 class _RecentTimes:
@@ -105,9 +113,12 @@ class AdaptiveK:
         self.explore_every = explore_every  # plain steps in a row before drafting is tried again
         self.min_draft_samples = 3  # drafted steps measured before plain decoding may be chosen
         self._plain_in_a_row = 0
+        self._plain_request = False  # this request decodes plainly: its catch-up would not pay
+        self._drafted_in_request = False
         # Engine-wide: costs, and acceptance counts per position over every request (the prior).
         self._draft_s = _RecentTimes(cost_window)  # the proposer's seconds for a step, x = tokens drafted
         self._verify_s = _RecentTimes(cost_window)  # seconds to verify n tokens, x = n
+        self._catch_up: deque[tuple[int, float]] = deque(maxlen=cost_window)  # (tokens read, seconds)
         self._all_tried = [0.0] * max_k
         self._all_accepted = [0.0] * max_k
         # This request, decayed.
@@ -130,23 +141,48 @@ class AdaptiveK:
     def start_request(self) -> None:
         self._tried = [0.0] * self.max_k
         self._accepted = [0.0] * self.max_k
+        self._plain_request = self._drafted_in_request = False
 
-    def next_k(self) -> int:
+    def next_k(self, catch_up_tokens: int = 0, remaining_tokens: int | None = None) -> int:
+        """The next step's maximum k (0: a plain step).
+
+        catch_up_tokens: committed tokens the proposer has not read yet (Proposer.unread_tokens;
+        a draft model's prefill at a request's start); remaining_tokens: what the request may
+        still emit. Both only matter before the request's first drafted step.
+        """
+        if self._plain_request:
+            return 0
         draft, verify = self._draft_s.predictor(), self._verify_s.predictor()
         if draft is None or verify is None:
             return self.start_k  # nothing measured yet
         # The step's cost: the proposer's time for k tokens (a fixed part, e.g. a draft model
         # catching up on the tokens it has not seen, plus a part per token) and verification.
-        k = best_k(self.rates(), 0.0, lambda k: max((draft(k) if k else 0.0) + verify(k + 1), 1e-9), self.max_k,
+        rates = self.rates()
+
+        def step_s(k: int) -> float:
+            return max((draft(k) if k else 0.0) + verify(k + 1), 1e-9)
+
+        k = best_k(rates, 0.0, step_s, self.max_k,
                    min_k=0 if len(self._draft_s.samples) >= self.min_draft_samples else 1)
+        if (k > 0 and not self._drafted_in_request and catch_up_tokens > 0 and remaining_tokens is not None
+                and self._catch_up):
+            # Saved: remaining tokens x (a plain step - the drafting step's seconds per token).
+            saved_s = remaining_tokens * (step_s(0) - step_s(k) / expected_tokens_from_rates(rates[:k]))
+            reading_s = catch_up_tokens * sum(s for _, s in self._catch_up) / sum(n for n, _ in self._catch_up)
+            if saved_s < reading_s:
+                self._plain_request = True
+                return 0
         if k > 0:
             self._plain_in_a_row = 0
             return k
         self._plain_in_a_row += 1
         return self.start_k if self._plain_in_a_row % self.explore_every == 0 else 0
 
-    def record(self, *, drafted: int, accepted: int, draft_s: float, verified_tokens: int, verify_s: float) -> None:
-        """One step: drafted and accepted tokens, the proposer's time, tokens verified and the target's time.
+    def record(self, *, drafted: int, accepted: int, draft_s: float, verified_tokens: int, verify_s: float,
+               caught_up: int = 0) -> None:
+        """One step: drafted and accepted tokens, the proposer's time, tokens verified and the target's time;
+        caught_up: context tokens the proposer read in a catch-up step (it drafted nothing), whose
+        time draft_s is (the catch-up's cost per token, for next_k).
 
         Positions 0..accepted-1 were tried and accepted; position `accepted` was
         tried and rejected if accepted < drafted; later ones were never judged.
@@ -168,4 +204,7 @@ class AdaptiveK:
                 self._all_tried[j] += 1
                 self._all_accepted[j] += hit
             self._draft_s.add(float(drafted), draft_s)
+            self._drafted_in_request = True
+        elif caught_up > 0:
+            self._catch_up.append((caught_up, draft_s))
         self._verify_s.add(float(verified_tokens), verify_s)

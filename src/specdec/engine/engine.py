@@ -223,7 +223,8 @@ class SpecEngine:
                 if context_left <= 1:
                     raise ValueError("the prompt leaves no room in the context for the sampled tokens")
                 ctx = ProposeContext(tokens, step_params, generator, self.target.vocab_size)
-                kept = self._step(ctx, min(self._next_k(), context_left - 1)).tokens
+                max_k = self._next_k(tokens.shape[1], min_tokens - len(drawn))
+                kept = self._step(ctx, min(max_k, context_left - 1)).tokens
                 drawn += kept
                 tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
             yield drawn
@@ -266,7 +267,8 @@ class SpecEngine:
             # plain, so the first token comes as soon as plain decoding's (time to first token):
             # a proposer's own prefill (a draft model reading the prompt) starts at the second.
             first_step = stats.target_forwards == 0
-            max_k = 0 if first_step else min(self._next_k(), request.remaining - 1, context_left - 1)
+            max_k = 0 if first_step else min(self._next_k(tokens.shape[1], request.remaining),
+                                             request.remaining - 1, context_left - 1)
             ctx = ProposeContext(tokens, request.params, generator, self.target.vocab_size)
             step = self._step(ctx, max_k)
             kept = request.commit(step.tokens)
@@ -278,8 +280,15 @@ class SpecEngine:
                 stats.first_token_s = time.perf_counter() - request_started
             yield kept
 
-    def _next_k(self) -> int:
-        return self.k if self.adaptive is None else self.adaptive.next_k()
+    def _next_k(self, context_len: int, remaining: int) -> int:
+        if self.adaptive is None:
+            return self.k
+        return self.adaptive.next_k(self._unread_tokens(context_len), remaining)
+
+    def _unread_tokens(self, context_len: int) -> int:
+        """What the proposer must still read before it drafts (Proposer.unread_tokens; 0 where it keeps no state)."""
+        unread = getattr(self.proposer, "unread_tokens", None)
+        return 0 if unread is None else unread(context_len)
 
     def _prefill(self, tokens: torch.Tensor) -> None:  # [1, L]
         """A fresh target cache holding every token but the last, which opens the first step."""
@@ -314,8 +323,10 @@ class SpecEngine:
         started = time.perf_counter()
 
         # 1. Propose.
+        unread = self._unread_tokens(context_len)
         if self.proposer is not None and max_k >= 1:
             proposal = self.proposer.propose(self._take_hidden(ctx), max_k)
+            unread -= self._unread_tokens(context_len)  # read now: a catch-up step's tokens, if it drafted nothing
         else:
             proposal = DraftProposal.empty(1, device)
         draft_ids = proposal.token_ids.to(device)  # [1, k]
@@ -361,5 +372,6 @@ class SpecEngine:
                               draft_s=proposed - started, verify_s=time.perf_counter() - proposed)
         if self.adaptive is not None:
             self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,
-                                 verified_tokens=k + 1, verify_s=outcome.verify_s)
+                                 verified_tokens=k + 1, verify_s=outcome.verify_s,
+                                 caught_up=unread if self.proposer is not None and max_k >= 1 else 0)
         return outcome

@@ -57,3 +57,7 @@ class Proposer(Protocol):
     def on_verified(self, num_accepted: torch.Tensor) -> None: ...  # [B] roll back own state
 
     def reset(self) -> None: ...  # forget everything: a new request starts
+    # Optional, for proposers with a prefill of their own (a draft model):
+    #   def unread_tokens(self, context_len: int) -> int
+    # committed tokens it has not read yet (1-2 between steps, a prompt's worth at a request's
+    # start), so -k auto can weigh reading them against what drafting would save.

@@ -77,6 +77,15 @@ class DraftModelProposer:
         self._fed_drafts = 0
         self._skipped = 0
 
+    def unread_tokens(self, context_len: int) -> int:
+        """Committed tokens this draft has not read (Proposer.unread_tokens): what its next proposals
+        feed before they can draft; at a request's start, the prompt's last context_window tokens."""
+        skipped = self._skipped if self.runner.seq_len else self._window_skip(context_len)
+        return max(0, context_len - self.runner.seq_len - skipped)
+
+    def _window_skip(self, context_len: int) -> int:  # leading tokens a fresh request's draft never reads
+        return 0 if self.context_window is None else max(0, context_len - self.context_window)
+
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         device = self.runner.device
         context = ctx.token_ids  # [1, L]
@@ -87,8 +96,8 @@ class DraftModelProposer:
         if max_k < 1:
             return DraftProposal.empty(1, device)
 
-        if self.runner.seq_len == 0 and self.context_window is not None:  # a request's first proposal
-            self._skipped = max(0, context_len - self.context_window)  # read only the last context_window
+        if self.runner.seq_len == 0:  # a request's first proposal: read only the last context_window
+            self._skipped = self._window_skip(context_len)
 
         # 1. Catch up: feed committed tokens the draft has not seen yet (positions are the true ones).
         cached = self.runner.seq_len + self._skipped
