@@ -50,10 +50,32 @@ inline float dot(const float* q, const float* k, int64_t dim) {
   return lanes[0];
 }
 
+// dot() of one query with 4 consecutive keys (stride dim), each with exactly dot()'s operations: the
+// same bits. Four keys give four independent chains of vector adds, where one dot is a single chain
+// bound by the add latency.
+template <int kDim>
+inline void dot4(const float* q, const float* k, float* out) {
+  static_assert(kDim % kLanes == 0 && kLanes == 16, "dot4 needs whole 16-lane chunks");
+  float lanes[4][kLanes];
+  for (int j = 0; j < 4; ++j)
+    for (int l = 0; l < kLanes; ++l) lanes[j][l] = 0.f;  // a loop, not `= {}`: GCC made that a rep stos
+  for (int64_t d = 0; d < kDim; d += kLanes)
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < kLanes; ++l) lanes[j][l] = lanes[j][l] + q[d + l] * k[j * kDim + d + l];
+  // dot()'s tree, written out level by level: GCC leaves a halving loop scalar and in memory.
+  for (int j = 0; j < 4; ++j)
+    for (int l = 0; l < 8; ++l) lanes[j][l] = lanes[j][l] + lanes[j][l + 8];
+  for (int j = 0; j < 4; ++j)
+    for (int l = 0; l < 4; ++l) lanes[j][l] = lanes[j][l] + lanes[j][l + 4];
+  for (int j = 0; j < 4; ++j)
+    for (int l = 0; l < 2; ++l) lanes[j][l] = lanes[j][l] + lanes[j][l + 2];
+  for (int j = 0; j < 4; ++j) out[j] = lanes[j][0] + lanes[j][1];
+}
+
 // e^x for x in [-60, 0] (all attention needs: scores minus their block's max), branch-free so the
 // compiler vectorizes it: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6 Taylor polynomial
 // (relative error < 2e-7, about one float ulp), times 2^n built in the exponent bits.
-inline float exp_nonpositive(float x) {
+__attribute__((always_inline)) inline float exp_nonpositive(float x) {  // inlined: its loops vectorize
   // Round to nearest by adding and removing 1.5 * 2^23 (|x log2 e| < 2^22 here): no libm call, so
   // loops over it vectorize.
   const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
@@ -66,9 +88,7 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.f;
   p = p * r + 1.f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, 4);
-  return p * two_n;
+  return p * __builtin_bit_cast(float, bits);  // not memcpy: the vectorizer takes a bit cast
 }
 
 constexpr int kTileRows = 32;  // query rows that share a key sequence, attended together
@@ -87,11 +107,12 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* 
   const float floor = std::numeric_limits<float>::lowest();
   const float minus_inf = -std::numeric_limits<float>::infinity();
   const int64_t S = blocks * block;
-  float* keys32 = scratch;                         // [blk, dim]
-  float* values32 = keys32 + block * dim;          // [blk, dim]
-  float* scores = values32 + block * dim;          // [rows, S]
-  float* block_max = scores + rows * S;            // [rows, nb]
-  float* weights = block_max + rows * blocks;      // [rows, blk]
+  // __restrict: the scratch never aliases the cache, so GCC vectorizes the copies into it.
+  float* __restrict keys32 = scratch;                         // [blk, dim]
+  float* __restrict values32 = keys32 + block * dim;          // [blk, dim]
+  float* __restrict scores = values32 + block * dim;          // [rows, S]
+  float* __restrict block_max = scores + rows * S;            // [rows, nb]
+  float* __restrict weights = block_max + rows * blocks;      // [rows, blk]
   float overall[kTileRows];
   for (int r = 0; r < rows; ++r) overall[r] = floor;
   for (int64_t j = 0; j < blocks; ++j) {
@@ -108,10 +129,16 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* 
       const float* bias = biases[r] + j * bias_block_stride;
       float* row_scores = scores + r * S + j * block;
       float m = minus_inf;
-      for (int64_t t = 0; t < block; ++t) {
-        row_scores[t] = bias[t] == 0.f ? dot(queries[r], keys32 + t * dim, dim) * scale : minus_inf;
-        m = row_scores[t] > m ? row_scores[t] : m;
+      int64_t t = 0;
+      if constexpr (kDim > 0 && kDim % kLanes == 0) {  // 4 keys at a time: independent chains, same bits
+        for (; t + 4 <= block; t += 4) {
+          float dots[4];
+          dot4<kDim>(queries[r], keys32 + t * dim, dots);
+          for (int j = 0; j < 4; ++j) row_scores[t + j] = bias[t + j] == 0.f ? dots[j] * scale : minus_inf;
+        }
       }
+      for (; t < block; ++t) row_scores[t] = bias[t] == 0.f ? dot(queries[r], keys32 + t * dim, dim) * scale : minus_inf;
+      for (t = 0; t < block; ++t) m = row_scores[t] > m ? row_scores[t] : m;
       block_max[r * blocks + j] = m > floor ? m : floor;  // all masked: floor, so its weights are 0
       overall[r] = block_max[r * blocks + j] > overall[r] ? block_max[r * blocks + j] : overall[r];
     }
@@ -140,14 +167,28 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* 
       const float* row_scores = scores + r * S + j * block;
       float* w = weights + r * block;
       float sum = 0.f;
-      for (int64_t t = 0; t < block; ++t) {
-        const float x = row_scores[t] - block_max[r * blocks + j];
+      const float max = block_max[r * blocks + j];
+#pragma omp simd
+      for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
+        const float x = row_scores[t] - max;
         w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
       }
       for (int64_t t = 0; t < block; ++t) sum = sum + w[t];
       total[r] = total[r] + sum * rescale[r];
-      // out += rescale * sum_t w[t] v[t], 16 outputs at a time, keys in order (zero weights add 0).
-      for (int64_t d0 = 0; d0 < dim; d0 += kLanes) {
+      // out += rescale * sum_t w[t] v[t], each output's keys in order (zero weights add 0). Every
+      // output has its own chain, so 64 outputs at a time (kDim known) run 4 chains of 16 lanes
+      // side by side; the order of each output's sum is the same either way.
+      int64_t d0 = 0;
+      if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
+        for (; d0 < dim; d0 += 4 * kLanes) {
+          float acc[4 * kLanes];
+          for (int l = 0; l < 4 * kLanes; ++l) acc[l] = 0.f;
+          for (int64_t t = 0; t < block; ++t)
+            for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
+          for (int l = 0; l < 4 * kLanes; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
+        }
+      }
+      for (; d0 < dim; d0 += kLanes) {
         const int64_t n = dim - d0 < kLanes ? dim - d0 : kLanes;
         float acc[kLanes] = {0};
         for (int64_t t = 0; t < block; ++t)
