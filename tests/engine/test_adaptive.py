@@ -50,12 +50,18 @@ def test_every_draft_accepted_and_a_cheap_draft_drives_k_to_its_maximum():
 
 def test_every_draft_rejected_stops_drafting_but_keeps_exploring():
     """No draft is ever accepted: drafting costs time and buys nothing, so the controller
-    decodes plainly (k = 0) and drafts start_k tokens every explore_every steps."""
-    controller = AdaptiveK(max_k=8, explore_every=4)
+    decodes plainly (k = 0) and probes with one drafted token after explore_every plain steps,
+    each failed probe doubling the gap up to max_explore_every."""
+    controller = AdaptiveK(max_k=8, explore_every=4, max_explore_every=16)
     controller.start_request()
-    chosen = _feed(controller, 40, accept=0.0, draft_s=0.001, verify_s_per_token=0.001, verify_s_fixed=0.1)
+    chosen = _feed(controller, 80, accept=0.0, draft_s=0.01, verify_s_per_token=0.001, verify_s_fixed=0.1)
     assert chosen[0] == 4
-    assert chosen[-16:] == [0, 0, 0, 4] * 4  # exploring with start_k
+    first_plain = chosen.index(0)
+    probes = [i for i, k in enumerate(chosen) if i > first_plain and k > 0]
+    assert all(chosen[i] == 1 for i in probes)
+    assert [b - a for a, b in zip(probes, probes[1:])][:3] == [8, 16, 16]  # gaps 8, 16, then capped at 16
+    controller.start_request()  # a new request probes at the first gap again
+    assert [controller.next_k() for _ in range(4)] == [0, 0, 0, 1]
 
 
 def test_plain_decoding_is_chosen_only_where_no_k_pays():
@@ -67,20 +73,20 @@ def test_plain_decoding_is_chosen_only_where_no_k_pays():
     fast_k = _feed(fast, 40, accept=0.9, draft_s=0.02, verify_s_per_token=0.0, verify_s_fixed=0.1)
     slow_k = _feed(slow, 40, accept=0.9, draft_s=0.3, verify_s_per_token=0.0, verify_s_fixed=0.1)
     assert min(fast_k[-10:]) >= 3
-    assert slow_k[-16:].count(0) >= 14
+    assert slow_k[-16:].count(0) >= 15
 
 
 def test_a_verify_cost_that_grows_with_k_keeps_k_small():
     """Same acceptance (alpha 0.8), but verifying costs as much per token as a plain step: every
     drafted token buys fewer than one expected token per token of verification, so the controller
-    decodes plainly (k = 0, exploring k = start_k every 8th step). With verification flat in k,
+    decodes plainly (k = 0, probing with one token now and then). With verification flat in k,
     Theorem 3.8's optimum for alpha 0.8, c 0.1 is k = 3 or 4."""
     flat, steep = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
     for controller in (flat, steep):
         controller.start_request()
     flat_k = _feed(flat, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.0, verify_s_fixed=0.1)
     steep_k = _feed(steep, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.1, verify_s_fixed=0.0)
-    assert set(steep_k[-16:]) <= {0, 4} and steep_k[-16:].count(0) >= 14  # 4: exploring with start_k
+    assert set(steep_k[-16:]) <= {0, 1} and steep_k[-16:].count(0) >= 15  # 1: a probe
     assert min(flat_k[-10:]) >= 3
 
 
@@ -229,9 +235,9 @@ def test_auto_k_backs_off_when_every_draft_fails(target_runner, tokenizer):
     proposer = AlwaysWrong(target_runner)
     out = SpecEngine(target_runner, proposer, tokenizer, k="auto", max_k=8).generate(PROMPT, max_new_tokens=40)
     assert out.token_ids == reference.token_ids and out.stats.accepted_tokens == 0
-    # After the first steps the draft is asked only to explore: start_k tokens every 8th step.
-    assert proposer.asked[0] == 4 and proposer.asked[-2:] == [4, 4]
-    assert len(proposer.asked) <= 8 and out.stats.target_forwards >= 30
+    # After the first steps the draft is asked only to probe: one token, after 8 then 16 plain steps.
+    assert proposer.asked[0] == 4 and proposer.asked[-2:] == [1, 1]
+    assert len(proposer.asked) <= 6 and out.stats.target_forwards >= 30
 
 
 def test_the_registry_builds_adaptive_proposers(draft_runner):
