@@ -44,7 +44,7 @@ def test_every_draft_accepted_and_a_cheap_draft_drives_k_to_its_maximum():
     controller = AdaptiveK(max_k=8)
     controller.start_request()
     chosen = _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
-    assert chosen[0] == 4  # start_k before anything is measured
+    assert chosen[:3] == [2, 4, 8]  # slow start: 2, doubling after each step whose drafts were all accepted
     assert chosen[-5:] == [8] * 5
 
 
@@ -55,7 +55,7 @@ def test_every_draft_rejected_stops_drafting_but_keeps_exploring():
     controller = AdaptiveK(max_k=8, explore_every=4, max_explore_every=16)
     controller.start_request()
     chosen = _feed(controller, 80, accept=0.0, draft_s=0.01, verify_s_per_token=0.001, verify_s_fixed=0.1)
-    assert chosen[0] == 4
+    assert chosen[:3] == [2, 2, 2]  # slow start: no draft accepted, so the cap stays at 2
     first_plain = chosen.index(0)
     probes = [i for i, k in enumerate(chosen) if i > first_plain and k > 0]
     assert all(chosen[i] == 1 for i in probes)
@@ -95,8 +95,12 @@ def test_a_new_request_starts_from_what_earlier_requests_measured():
     controller.start_request()
     _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
     controller.start_request()
-    assert controller.next_k() == 6  # the engine-wide rates and costs carry over
-    assert min(controller.rates()) > 0.95  # shrunk towards the prior, so never quite 1
+    assert min(controller.rates()) > 0.95  # the engine-wide rates carry over (shrunk, so never quite 1)
+    assert controller.next_k() == 2  # but the request starts slowly
+    controller.record(drafted=2, accepted=2, draft_s=0.002, verified_tokens=3, verify_s=0.1)
+    assert controller.next_k() == 4
+    controller.record(drafted=4, accepted=4, draft_s=0.004, verified_tokens=5, verify_s=0.1)
+    assert controller.next_k() == 6
 
 
 def _measured(accept: float) -> AdaptiveK:
@@ -236,7 +240,7 @@ def test_auto_k_backs_off_when_every_draft_fails(target_runner, tokenizer):
     out = SpecEngine(target_runner, proposer, tokenizer, k="auto", max_k=8).generate(PROMPT, max_new_tokens=40)
     assert out.token_ids == reference.token_ids and out.stats.accepted_tokens == 0
     # After the first steps the draft is asked only to probe: one token, after 8 then 16 plain steps.
-    assert proposer.asked[0] == 4 and proposer.asked[-2:] == [1, 1]
+    assert proposer.asked[0] == 2 and proposer.asked[-2:] == [1, 1]
     assert len(proposer.asked) <= 6 and out.stats.target_forwards >= 30
 
 
@@ -291,7 +295,7 @@ def test_auto_k_with_early_stopping_keeps_the_target_distribution():
     # A random 64-token model is nearly flat (mean probability 1/64): 0.015 stops about 2 drafts in 3.
     proposer = CountingProposer(DraftModelProposer(draft, confidence_threshold=0.015))
     spec = SpecEngine(target, proposer, None, k="auto", max_k=6, eos_token_ids=frozenset())
-    spec.adaptive = CheapDraftTimings(max_k=6)
+    spec.adaptive = CheapDraftTimings(max_k=6, ramp_start=6)  # no slow start: these requests are 2 tokens long
     plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
     prompt = [5, 9, 12, 3, 7]
     spec_draws = list(spec.sample_continuations(prompt, params, 1000))
