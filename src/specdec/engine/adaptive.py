@@ -98,7 +98,7 @@ class AdaptiveK:
 
     >>> controller = AdaptiveK(max_k=8)
     >>> controller.start_request()
-    >>> k = controller.next_k()                  # start_k until costs are measured
+    >>> k = controller.next_k()                  # min(start_k, 2) until costs are measured (slow start)
     >>> controller.record(drafted=k, accepted=2, draft_s=0.04, verified_tokens=k + 1, verify_s=0.30)
     >>> 1 <= controller.next_k() <= 8
     True
