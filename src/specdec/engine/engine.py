@@ -323,10 +323,11 @@ class SpecEngine:
         started = time.perf_counter()
 
         # 1. Propose.
-        unread = self._unread_tokens(context_len)
+        caught_up = 0  # context the proposer read in this step (a catch-up step's tokens, if it drafted nothing)
         if self.proposer is not None and max_k >= 1:
+            unread = self._unread_tokens(context_len)
             proposal = self.proposer.propose(self._take_hidden(ctx), max_k)
-            unread -= self._unread_tokens(context_len)  # read now: a catch-up step's tokens, if it drafted nothing
+            caught_up = unread - self._unread_tokens(context_len)
         else:
             proposal = DraftProposal.empty(1, device)
         draft_ids = proposal.token_ids.to(device)  # [1, k]
@@ -372,6 +373,5 @@ class SpecEngine:
                               draft_s=proposed - started, verify_s=time.perf_counter() - proposed)
         if self.adaptive is not None:
             self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,
-                                 verified_tokens=k + 1, verify_s=outcome.verify_s,
-                                 caught_up=unread if self.proposer is not None and max_k >= 1 else 0)
+                                 verified_tokens=k + 1, verify_s=outcome.verify_s, caught_up=caught_up)
         return outcome

@@ -107,12 +107,11 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* 
   const float floor = std::numeric_limits<float>::lowest();
   const float minus_inf = -std::numeric_limits<float>::infinity();
   const int64_t S = blocks * block;
-  // __restrict: the scratch never aliases the cache, so GCC vectorizes the copies into it.
-  float* __restrict keys32 = scratch;                         // [blk, dim]
-  float* __restrict values32 = keys32 + block * dim;          // [blk, dim]
-  float* __restrict scores = values32 + block * dim;          // [rows, S]
-  float* __restrict block_max = scores + rows * S;            // [rows, nb]
-  float* __restrict weights = block_max + rows * blocks;      // [rows, blk]
+  float* keys32 = scratch;                         // [blk, dim]
+  float* values32 = keys32 + block * dim;          // [blk, dim]
+  float* scores = values32 + block * dim;          // [rows, S]
+  float* block_max = scores + rows * S;            // [rows, nb]
+  float* weights = block_max + rows * blocks;      // [rows, blk]
   float overall[kTileRows];
   for (int r = 0; r < rows; ++r) overall[r] = floor;
   for (int64_t j = 0; j < blocks; ++j) {
