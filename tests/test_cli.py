@@ -31,7 +31,7 @@ def test_generate_json_with_a_draft_matches_plain(capsys, model_dirs):
     code, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
     assert code == 0
     plain = json.loads(out)
-    code, out, _ = run(capsys, "generate", "--draft", model_dirs["draft"], "-k", "3", *common)
+    code, out, _ = run(capsys, "generate", "--method", "draft", "--draft", model_dirs["draft"], "-k", "3", *common)
     assert code == 0
     spec = json.loads(out)
     assert spec["token_ids"] == plain["token_ids"] and len(spec["token_ids"]) == 20
@@ -51,6 +51,32 @@ def test_generate_ngram_methods_match_plain(capsys, model_dirs, method):
     spec = json.loads(out)
     assert spec["token_ids"] == plain["token_ids"] and spec["method"] == method
     assert spec["stats"]["drafted_tokens"] > 0
+
+
+def test_default_method_on_a_cpu_is_ngram_with_adaptive_k(capsys, model_dirs):
+    """--method auto (the default) runs prompt lookup on a CPU, the fastest lossless method
+    measured there, and loads no draft model; naming a --draft makes it draft with that model."""
+    prompt = "abc abc abc abc"
+    common = ["--target", model_dirs["target"], "--device", "cpu", "--max-new-tokens", "30", "--json", prompt]
+    code, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    plain = json.loads(out)
+    code, out, err = run(capsys, "generate", *common)
+    assert code == 0, err
+    spec = json.loads(out)
+    assert spec["method"] == "ngram" and spec["k"] == "auto" and "loading draft" not in err
+    assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafted_tokens"] > 0
+    code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], *common)
+    assert code == 0, err
+    spec = json.loads(out)
+    assert spec["method"] == "draft" and "loading draft" in err and spec["token_ids"] == plain["token_ids"]
+
+
+def test_resolve_method_follows_the_device():
+    from specdec.proposers.registry import resolve_method
+
+    assert resolve_method("auto", "cpu") == "ngram"
+    assert resolve_method("auto", "cuda") == "draft"
+    assert resolve_method("draft", "cpu") == "draft"  # a method named is never replaced
 
 
 def test_bad_ngram_options_fail_before_loading_any_model(capsys):
@@ -99,7 +125,8 @@ def test_incompatible_draft_tokenizer_is_refused(capsys, model_dirs, tmp_path):
     make_model(seed=2, layers=1).save_pretrained(other)
     backend = Tokenizer(models.BPE(vocab={"<unk>": 0, "x": 1, "y": 2}, merges=[], unk_token="<unk>"))
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(other)
-    code, _, err = run(capsys, "generate", "--target", model_dirs["target"], "--draft", str(other), "hi")
+    code, _, err = run(capsys, "generate", "--target", model_dirs["target"], "--method", "draft", "--draft", str(other),
+                       "hi")
     assert code == 2 and "incompatible" in err
 
 

@@ -48,7 +48,9 @@ lossless; --typical-acceptance gives that up for more accepted tokens.
 def _add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model name or HF directory (default: {DEFAULT_TARGET})")
     if draft:
-        parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model name or HF directory (default: {DEFAULT_DRAFT})")
+        parser.add_argument("--draft", default=None,  # None: not named; finish_args sets DEFAULT_DRAFT
+                            help=f"draft model name or HF directory (default: {DEFAULT_DRAFT}); naming one makes "
+                                 "--method auto draft with it")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto = cuda if available)")
     parser.add_argument("--dtype", default="auto",
                         help="auto (bf16 on CUDA; on CPU bf16 for the native backend where the CPU has bf16 "
@@ -78,12 +80,14 @@ def _add_method_args(parser: argparse.ArgumentParser, k_default: int | str | Non
                      adaptive: bool = True) -> None:
     """-k defaults to auto where adaptive k is offered (measured at least as good as the best
     fixed k: benchmarks/RESULTS.md), else 4 (the batched engine drafts a fixed k)."""
-    from specdec.proposers.registry import METHODS
+    from specdec.proposers.registry import AUTO_METHOD, METHODS
 
     if k_default is None:
         k_default = "auto" if adaptive else 4
-    parser.add_argument("--method", default="draft", choices=list(METHODS), metavar="METHOD",
-                        help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) + " (default: draft)")
+    parser.add_argument("--method", default=AUTO_METHOD, choices=[AUTO_METHOD, *METHODS], metavar="METHOD",
+                        help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) +
+                             "; auto (default): the fastest lossless method measured on the device, ngram on a CPU "
+                             "(no draft model; benchmarks/RESULTS.md), draft on CUDA")
     if not adaptive:
         parser.add_argument("-k", type=_positive_int, default=k_default,
                             help=f"draft tokens per step, >= 1 (default: {k_default}; copying with ngram likes 8)")
@@ -424,9 +428,29 @@ COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "serve": cmd_serve, "ben
             "models": cmd_models}
 
 
+def finish_args(args) -> None:
+    """Defaults that depend on other arguments, settled before anything loads.
+
+    --method auto -> the method for the device it will run on, so every command below sees
+    (and prints) a real method name; a --draft named on the command line means the user
+    wants drafting with it, so auto then picks the draft method wherever it runs.
+    """
+    named_draft = getattr(args, "draft", None) is not None
+    if hasattr(args, "draft") and not named_draft:
+        args.draft = DEFAULT_DRAFT
+    if getattr(args, "method", None) is None:
+        return
+    from specdec.models.loader import resolve_device
+    from specdec.proposers.registry import AUTO_METHOD, resolve_method
+
+    if args.method == AUTO_METHOD:
+        args.method = "draft" if named_draft else resolve_method(args.method, resolve_device(args.device).type)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        finish_args(args)
         return COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError) as error:  # bad input: one clear line, no traceback
         print(f"specdec: error: {error}", file=sys.stderr)

@@ -14,10 +14,31 @@ from dataclasses import dataclass
 from specdec.engine import SpecEngine
 from specdec.sampling import SamplingParams
 
+_MERGE = """def merge_sorted(left, right):
+    merged = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            merged.append(left[i])
+            i += 1
+        else:
+            merged.append(right[j])
+            j += 1
+    merged.extend(left[i:])
+    merged.extend(right[j:])
+    return merged"""
+_MEETING = ("Minutes, 12 March. Present: Ana Lopez (chair), Tom Becker (treasurer), Priya Nair (secretary) "
+            "and Omar Haddad (events lead). Ana Lopez opened the meeting. Tom Becker reported that the budget "
+            "is on track. Priya Nair will circulate the minutes by Friday, and Omar Haddad will book the hall "
+            "for the spring fair.")
+
+# The kinds of work a chat user asks for: writing new code and prose, and answers that
+# reuse their input (edits, extraction), where the bench suites show speculation paying most.
 DEMO_PROMPTS: list[tuple[str, str]] = [
     ("code", "Write a Python function `is_prime(n)` that returns True when n is a prime number."),
-    ("code", "Write a Python function that merges two sorted lists into one sorted list."),
-    ("code", "Implement binary search in Python as a function `binary_search(items, target)`."),
+    ("code-edit", f"Add type hints to this function. Keep its body exactly as it is.\n\n```python\n{_MERGE}\n```"),
+    ("extraction", f"From these minutes, list each person with their role and their task, one per line.\n\n"
+                   f"{_MEETING}"),
     ("prose", "Explain in a short paragraph why the sky is blue."),
     ("prose", "Write a short note to a colleague asking to move our meeting to Thursday."),
 ]
@@ -64,7 +85,7 @@ def compare(plain: SpecEngine, spec: SpecEngine, prompts, max_new_tokens: int, o
 
 
 def format_table(rows: list[DemoRow]) -> str:
-    header = f"{'category':<9}{'plain tok/s':>12}{'spec tok/s':>12}{'tau':>7}{'accept':>9}{'speedup':>9}  identical"
+    header = f"{'category':<11}{'plain tok/s':>12}{'spec tok/s':>12}{'tau':>7}{'accept':>9}{'speedup':>9}  identical"
     lines = [header, "-" * len(header)]
     groups = {}
     for row in rows:
@@ -73,7 +94,7 @@ def format_table(rows: list[DemoRow]) -> str:
     for name, group in groups.items():
         same = sum(r.identical for r in group)
         lines.append(
-            f"{name:<9}{statistics.mean(r.plain_tokens_per_s for r in group):>12.2f}"
+            f"{name:<11}{statistics.mean(r.plain_tokens_per_s for r in group):>12.2f}"
             f"{statistics.mean(r.spec_tokens_per_s for r in group):>12.2f}"
             f"{statistics.mean(r.mean_accepted_length for r in group):>7.2f}"
             f"{statistics.mean(r.acceptance_rate for r in group):>9.1%}"

@@ -36,7 +36,7 @@ def free_port() -> int:
 def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
     port = free_port()
     command = [sys.executable, "-m", "specdec.cli", "serve", "--target", str(model_dirs / "target"),
-               "--draft", str(model_dirs / "draft"), "-k", "2", "--port", str(port), "--max-batch", "2",
+               "-k", "2", "--port", str(port), "--max-batch", "2",
                "--served-model-name", "tiny", "--log-level", "warning"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -58,7 +58,8 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0
-    assert "serving 'tiny' (draft, k=2, 2 rows, drafting while <= 1 run" in stderr  # auto on CPU
+    # --method auto is ngram on a CPU (no draft model is read), --spec-max-batch auto is 1
+    assert "serving 'tiny' (ngram, k=2, 2 rows, drafting while <= 1 run" in stderr
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -20,6 +20,7 @@ METHODS = {
                   "target pass with a tree attention mask",
     "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
 }
+AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads
 _NEEDS_DRAFT_MODEL = {"draft", "ngram+draft"}
 _HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "medusa": "medusa"}  # method -> trained head it loads
 DEFAULT_TREE_SIZE = {"eagle-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
@@ -29,6 +30,25 @@ def head_kind(method: str) -> str | None:
     """The kind of trained head a method needs ("eagle", "medusa"), or None."""
     check_method(method)
     return _HEAD_KIND.get(method)
+
+
+def default_method(device_type: str) -> str:
+    """What `--method auto` runs: the fastest lossless method measured on that kind of device.
+
+    CPU: ngram (prompt lookup) with -k auto. In the peer runs of benchmarks/RESULTS.md it
+    was specdec's fastest configuration on both CPUs measured, and at least specdec's own
+    plain decoding in every category: on an AVX2 EPYC 1.24x llama.cpp's plain decoding
+    overall against 0.91x for the draft model with -k auto (whose step costs ~0.4 of the
+    target's there, too dear for prose acceptance), on an AVX-512 EPYC 0.95-1.07x against
+    0.69x. It also loads no draft model. CUDA: the draft model, where verifying k+1
+    tokens costs about one step and a draft step is cheap next to the target's.
+    """
+    return "ngram" if device_type == "cpu" else "draft"
+
+
+def resolve_method(method: str, device_type: str) -> str:
+    """A method name as given (`auto` included) -> the method that runs on that device."""
+    return default_method(device_type) if method == AUTO_METHOD else method
 
 
 def check_method(method: str) -> None:
