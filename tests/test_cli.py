@@ -221,6 +221,35 @@ def test_train_head_then_generate_with_it_matches_plain(capsys, model_dirs, tmp_
         assert code == 0 and "resuming" in err  # the same command again finds the finished run
 
 
+def test_eagle3_trains_exports_to_speculators_and_loads_back(capsys, model_dirs, tmp_path):
+    """train-head --kind eagle3, then its chain and tree, then export-head and the exported directory
+    as --head: every output greedy == plain."""
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "24", "--json", "hello world"]
+    _, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    plain = json.loads(out)["token_ids"]
+    head = tmp_path / "eagle3.safetensors"
+    code, _, err = run(capsys, "train-head", "--kind", "eagle3", "--aux-layers", "0,1,1", "--target",
+                       model_dirs["target"], "--out", str(head), "--max-tokens", "2048", "--seq-len", "64",
+                       "--steps", "6", "--checkpoint-every", "3")
+    assert code == 0, err
+    exported = tmp_path / "eagle3-vllm"
+    code, _, err = run(capsys, "export-head", "--target", model_dirs["target"], "--head", str(head), "--out",
+                       str(exported))
+    assert code == 0, err
+    assert (exported / "config.json").is_file() and "vllm serve" in err and '"method": "eagle3"' in err
+    for method, location in (("eagle3", head), ("eagle3-tree", head), ("eagle3", exported)):
+        code, out, err = run(capsys, "generate", "--method", method, "--head", str(location), "-k", "3",
+                             "--tree-size", "5", *common)
+        assert code == 0, err
+        assert json.loads(out)["token_ids"] == plain
+    code, _, err = run(capsys, "export-head", "--target", model_dirs["target"], "--head", str(head), "--out",
+                       str(exported))
+    assert code == 2 and "not empty" in err  # never writes over a directory
+    code, _, err = run(capsys, "train-head", "--kind", "eagle3", "--aux-layers", "0,7", "--target",
+                       model_dirs["target"], "--out", str(tmp_path / "bad.safetensors"))
+    assert code == 2 and "outside the target's 2 layers" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--method", "eagle", "--head", "/no/such/head.safetensors", "hi"], "no trained eagle head"),
     (["generate", "--method", "medusa", "--target", "no-such-model", "hi"], "specdec train-head --kind medusa"),

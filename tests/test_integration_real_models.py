@@ -202,19 +202,19 @@ def _quick_head(target, kind, tmp_path_factory):
     from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
 
     chunks = token_chunks(target.tokenizer, chat_texts(target.tokenizer, stdlib_documents()[:40]), 96, 96 * 10)
-    tokens, features = load_features(extract_features(target.runner, chunks, tmp_path_factory.mktemp("f"),
-                                                      progress=False))
+    config = HeadConfig.for_target(kind, target.runner.decoder.config, intermediate_size=512)
+    tokens, features, aux = load_features(extract_features(target.runner, chunks, tmp_path_factory.mktemp("f"),
+                                                           progress=False, aux_layers=config.aux_layers or None))
     vocab = frozen_vocabulary(target.runner, target.path, frequent_token_ids(target.tokenizer, 8192, 151936),
                               torch.float32)
-    config = HeadConfig.for_target(kind, target.runner.decoder.config, intermediate_size=512)
     path = tmp_path_factory.mktemp("head") / f"{kind}.safetensors"
     train_head(config, vocab, tokens, features, path, TrainOptions(steps=40, lr=2e-3, checkpoint_every=40,
                                                                    heldout_windows=1),
-               device=torch.device("cpu"), progress=False, log=lambda message: None)
+               device=torch.device("cpu"), progress=False, log=lambda message: None, aux=aux)
     return path
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-tree", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle-tree", "eagle3", "eagle3-tree", "medusa"])
 def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references, tmp_path_factory, method):
     from specdec.models.heads import load_head_for
     from specdec.proposers.registry import build_proposer, head_kind

@@ -1,4 +1,5 @@
-"""specdec command line: generate | demo | serve | bench | analyze | verify | train-head | models.
+"""specdec command line: generate | demo | serve | bench | analyze | verify | train-head | export-head |
+doctor | models.
 
 Every subcommand's --help teaches by example; bad input exits with a one-line
 error (status 2), never a traceback.
@@ -110,10 +111,11 @@ def _add_method_args(parser: argparse.ArgumentParser, k_default: int | str | Non
 
 
 def add_head_args(parser: argparse.ArgumentParser) -> None:
-    heads = parser.add_argument_group("draft heads (--method eagle, eagle-tree, medusa)")
+    heads = parser.add_argument_group("draft heads (--method eagle, eagle-tree, eagle3, eagle3-tree, medusa)")
     heads.add_argument("--head", default=None, metavar="PATH",
-                       help="a head checkpoint from `specdec train-head` (default: the one trained for --target "
-                            "in the models' cache)")
+                       help="a head checkpoint from `specdec train-head`, or for eagle3 a speculators / EAGLE-3 "
+                            "directory (config.json + safetensors, as vLLM loads) (default: the one trained for "
+                            "--target in the models' cache)")
     heads.add_argument("--tree-size", type=_non_negative_int, default=None, metavar="N",
                        help="drafted tree nodes per step (default: 10; medusa 0 = a chain). Each node is one more "
                             "token the target verifies: on a CPU small trees pay, on a GPU EAGLE-2 uses ~60")
@@ -188,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with `specdec demo`, then `specdec generate --help`.",
     )
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{generate,demo,serve,bench,analyze,verify,train-head,doctor,models}")
+                                metavar="{generate,demo,serve,bench,analyze,verify,train-head,export-head,doctor,models}")
 
     gen = sub.add_parser("generate", help="generate text for one prompt", epilog=EPILOG_GENERATE,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -229,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_research_commands(sub, _add_model_args, _add_method_args, _add_ngram_args, _positive_int)
 
-    from specdec.train_cli import add_train_command
+    from specdec.train_cli import add_export_command, add_train_command
 
     add_train_command(sub, _add_model_args, _positive_int)
+    add_export_command(sub, _add_model_args)
 
     from specdec.doctor import add_doctor_command
 
@@ -417,6 +420,12 @@ def cmd_train_head(args) -> int:
     return run(args, _load_models)
 
 
+def cmd_export_head(args) -> int:
+    from specdec.train_cli import cmd_export_head as run
+
+    return run(args, _load_models)
+
+
 def cmd_doctor(args) -> int:
     from specdec.doctor import cmd_doctor as run
 
@@ -424,7 +433,8 @@ def cmd_doctor(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "serve": cmd_serve, "bench": cmd_bench,
-            "analyze": cmd_analyze, "verify": cmd_verify, "train-head": cmd_train_head, "doctor": cmd_doctor,
+            "analyze": cmd_analyze, "verify": cmd_verify, "train-head": cmd_train_head,
+            "export-head": cmd_export_head, "doctor": cmd_doctor,
             "models": cmd_models}
 
 

@@ -33,9 +33,10 @@ def add_train_command(sub, add_model_args, positive_int) -> None:
     train = sub.add_parser("train-head", help="train an EAGLE or Medusa draft head on the target's hidden states",
                            epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(train, draft=False)
-    train.add_argument("--kind", choices=["eagle", "medusa"], required=True,
-                       help="eagle: one decoder layer on [feature; next token] (Li et al. 2024); medusa: "
-                            "residual heads for tokens t+2, t+3, ... (Cai et al. 2024)")
+    train.add_argument("--kind", choices=["eagle", "eagle3", "medusa"], required=True,
+                       help="eagle: one decoder layer on [feature; next token] (Li et al. 2024); eagle3: the target's "
+                            "low, middle and high layers fused, trained on its own drafts (Li et al. 2025; exports to "
+                            "vLLM); medusa: residual heads for tokens t+2, t+3, ... (Cai et al. 2024)")
     train.add_argument("--out", default=None,
                        help="checkpoint path (default: the models' cache, where --method eagle/medusa look)")
     train.add_argument("--max-tokens", type=positive_int, default=49_152,
@@ -51,12 +52,77 @@ def add_train_command(sub, add_model_args, positive_int) -> None:
     train.add_argument("--intermediate-size", type=positive_int, default=None,
                        help="EAGLE layer's MLP width (default: the target's on a GPU, as in the paper; a third of "
                             "it on a CPU, where it sets both the training time and each draft step's cost)")
+    train.add_argument("--ttt-steps", type=positive_int, default=3,
+                       help="eagle3: draft steps unrolled on the head's own outputs in training (default: 3)")
+    train.add_argument("--aux-layers", default=None, metavar="I,J,K",
+                       help="eagle3: the target layers whose inputs it reads (default: 2, L/2, L-3, as vLLM)")
     train.add_argument("--checkpoint-every", type=positive_int, default=100, help="default: 100 steps")
     train.add_argument("--seed", type=int, default=0)
 
 
+EPILOG_EXPORT = """\
+examples:
+  specdec export-head --out ./qwen-1.5b-eagle3                 # the eagle3 head trained for the embedded target
+  specdec export-head --head ./my-eagle3.safetensors --target ./my-llama-3b --out ./my-eagle3-vllm
+
+Writes the speculators layout (config.json + model.safetensors) that vLLM and
+SGLang load for eagle3:
+  vllm serve TARGET --speculative-config '{"method": "eagle3", "model": "OUT", "num_speculative_tokens": 3}'
+The same directory loads back here: specdec generate --method eagle3 --head OUT ...
+"""
+
+
+def add_export_command(sub, add_model_args) -> None:
+    import argparse
+
+    export = sub.add_parser("export-head", help="write a trained eagle3 head as the speculators directory vLLM loads",
+                            epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(export, draft=False)
+    export.add_argument("--head", default=None, metavar="PATH",
+                        help="the eagle3 checkpoint (default: the one trained for --target in the models' cache)")
+    export.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
+    export.add_argument("--format", choices=["speculators"], default="speculators",
+                        help="speculators: vLLM's and SGLang's eagle3 layout (the only one so far)")
+    export.add_argument("--verifier-name", default=None, metavar="NAME",
+                        help="the target's name in config.json (default: its local directory)")
+    export.add_argument("--speculative-tokens", type=int, default=3,
+                        help="the chain length written as the default proposal (default: 3)")
+
+
+def cmd_export_head(args, load_models) -> int:
+    import json
+
+    from specdec.models.heads import load_head_for
+    from specdec.models.speculators import export_speculators
+
+    if args.speculative_tokens < 1:
+        raise ValueError(f"--speculative-tokens must be >= 1, got {args.speculative_tokens}")
+    if Path(args.out).exists() and any(Path(args.out).iterdir()):
+        raise ValueError(f"{args.out} exists and is not empty; choose a new directory")
+    args.backend = "native"
+    target, _ = load_models(args, need_draft=False)
+    head, vocab = load_head_for(target, "eagle3", args.head)
+    target_config = json.loads((Path(target.path) / "config.json").read_text())
+    out = export_speculators(head, vocab, args.out, verifier=args.verifier_name or str(target.path),
+                             verifier_architectures=target_config.get("architectures") or [],
+                             max_position_embeddings=target.runner.decoder.config.max_position_embeddings,
+                             speculative_tokens=args.speculative_tokens,
+                             eos_token_id=target_config.get("eos_token_id"))
+    _log(f"wrote {out}/config.json and model.safetensors (speculators eagle3)")
+    _log(f"serve it with vLLM: vllm serve {target.path} --speculative-config "
+         f"'{{\"method\": \"eagle3\", \"model\": \"{out}\", \"num_speculative_tokens\": {args.speculative_tokens}}}'")
+    return 0
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _parse_layers(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--aux-layers takes layer numbers separated by commas, e.g. 2,14,25; got {text!r}") from None
 
 
 def cmd_train_head(args, load_models) -> int:
@@ -74,32 +140,38 @@ def cmd_train_head(args, load_models) -> int:
     target, _ = load_models(args, need_draft=False)
     tokenizer, runner = target.tokenizer, target.runner
 
+    width = args.intermediate_size
+    if width is None and runner.device.type == "cpu":
+        width = max(64, runner.decoder.config.intermediate_size // 3 // 64 * 64)
+    aux_layers = _parse_layers(args.aux_layers) if args.aux_layers else None
+    config = HeadConfig.for_target(args.kind, runner.decoder.config, num_medusa_heads=args.medusa_heads,
+                                   intermediate_size=width, target=str(args.target), aux_layers=aux_layers)
+    if config.kind == "eagle3":
+        runner.decoder.capture_layers(config.aux_layers)  # validates them before any long work
+        runner.decoder.capture_layers(())
+
     started = time.perf_counter()
     chunks = token_chunks(tokenizer, chat_texts(tokenizer, stdlib_documents(), seed=args.seed), args.seq_len,
                           args.max_tokens)
-    fingerprint = hashlib.sha256(f"{target.path}|{args.seq_len}|{args.max_tokens}|{args.seed}|{len(chunks)}"
+    read = f"|aux{config.aux_layers}" if config.kind == "eagle3" else ""  # eagle and medusa share features
+    fingerprint = hashlib.sha256(f"{target.path}|{args.seq_len}|{args.max_tokens}|{args.seed}|{len(chunks)}{read}"
                                  .encode()).hexdigest()[:12]
     features_dir = out.parent / f"features-{fingerprint}"
     _log(f"corpus: {len(chunks)} windows x {args.seq_len} tokens = {len(chunks) * args.seq_len} tokens "
          f"-> {features_dir}")
-    shards = extract_features(runner, chunks, features_dir)
+    shards = extract_features(runner, chunks, features_dir, aux_layers=config.aux_layers or None)
     features_s = time.perf_counter() - started
-    tokens, features = load_features(shards)
+    tokens, features, aux = load_features(shards)
 
     device = runner.device
     vocab_ids = frequent_token_ids(tokenizer, args.head_vocab, runner.vocab_size)
     train_dtype = torch.float32  # weights and optimizer in fp32; matmuls in bf16 under autocast where fast
     vocab = frozen_vocabulary(runner, target.path, vocab_ids, train_dtype)
-    width = args.intermediate_size
-    if width is None and device.type == "cpu":
-        width = max(64, runner.decoder.config.intermediate_size // 3 // 64 * 64)
-    config = HeadConfig.for_target(args.kind, runner.decoder.config, num_medusa_heads=args.medusa_heads,
-                                   intermediate_size=width, target=str(args.target))
     options = TrainOptions(steps=args.steps, batch_size=args.batch_size,
-                           lr=args.lr or (3e-4 if args.kind == "eagle" else 1e-3),
-                           checkpoint_every=args.checkpoint_every, seed=args.seed)
+                           lr=args.lr or (1e-3 if args.kind == "medusa" else 3e-4),
+                           checkpoint_every=args.checkpoint_every, seed=args.seed, ttt_steps=args.ttt_steps)
     del target, runner  # frees the target's weights: the vocabulary holds the rows the head reuses
-    extra = train_head(config, vocab, tokens, features, out, options, device=device, log=_log)
+    extra = train_head(config, vocab, tokens, features, out, options, device=device, log=_log, aux=aux)
     _log(f"done: {out} (features {features_s / 60:.1f} min, training {extra.get('train_seconds', 0) / 60:.1f} min; "
          f"held-out top-1 by depth {[row[0] for row in extra.get('heldout_accuracies', [])]})")
     _log(f"use it: specdec generate --method {args.kind}{'' if args.out is None else f' --head {out}'} "

@@ -55,7 +55,7 @@ def windows(target, tmp_path_factory):
 
 
 def _train(kind, target, vocab, windows, path, steps=60, **options):
-    tokens, features = windows
+    tokens, features, _ = windows
     config = HeadConfig.for_target(kind, target.decoder.config, num_medusa_heads=3)
     train_options = TrainOptions(steps=steps, lr=1e-2, warmup=5, checkpoint_every=steps, heldout_windows=8,
                                  **options)
@@ -98,7 +98,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, vocab, windows, tmp
     def stop_at_first_checkpoint(message):
         raise Interrupt(message)
 
-    tokens, features = windows
+    tokens, features, _ = windows
     config = HeadConfig.for_target("eagle", target.decoder.config)
     options = TrainOptions(steps=20, lr=1e-2, warmup=5, checkpoint_every=10, heldout_windows=8)
     path = tmp_path / "resumed.safetensors"

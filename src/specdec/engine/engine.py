@@ -110,6 +110,17 @@ class GenerationResult:
     stats: RequestStats = field(default_factory=RequestStats)
 
 
+def select_target_features(runner, layers: tuple[int, ...]) -> None:
+    """Which features the target's forward hands over: its final ones (), or the named layers'
+    (EAGLE-3). Set per request, so engines sharing one target runner may read different ones."""
+    decoder = getattr(runner, "decoder", None)
+    if decoder is None:
+        if layers:
+            raise ValueError("this head reads the target's inner layers: load the target with the native backend")
+        return
+    decoder.capture_layers(layers)
+
+
 class SpecEngine:
     """Speculative decoding of one target with one proposer (None = plain decoding).
 
@@ -294,6 +305,8 @@ class SpecEngine:
         """A fresh target cache holding every token but the last, which opens the first step."""
         self.target.reset()
         self._pending_hidden = None
+        if self._keeps_hidden:
+            select_target_features(self.target, getattr(self.proposer, "target_layers", ()))
         if tokens.shape[1] > 1:
             positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None]
             output = self.target.forward(tokens[:, :-1], positions, last_n_logits=1)

@@ -14,6 +14,13 @@ and the output head turns f^_{j+1} into a distribution for t_{j+2}. Drafting
 feeds the predicted feature back (autoregressive at feature level). The output
 head may score a reduced vocabulary (EAGLE-3, Li et al. 2025, arXiv 2503.01840).
 
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840): the head reads the target's low,
+middle and high layers' features, fused by fc ([3H] -> [H]), predicts tokens
+directly (no feature regression), and is trained on its own drafts
+(training-time test, training/train_head.py). Its layer is the one vLLM and the
+speculators library run (models/eagle3.py), so a head trained here exports to
+them (specdec export-head) and theirs load here.
+
 Medusa (Cai et al. 2024, arXiv 2401.10774): m heads on the target's last
 feature f_j, head i a residual block x + SiLU(W_i x + b_i) followed by the
 output head, predicting t_{j+1+i}: the tokens after the one the target itself
@@ -34,12 +41,12 @@ from torch import nn
 from specdec.models.native.attention import grouped_attention
 from specdec.models.native.model import rotate_half
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = ("eagle", "eagle3", "medusa")
 
 
 @dataclass(frozen=True)
 class HeadConfig:
-    kind: str  # "eagle" | "medusa"
+    kind: str  # "eagle" | "eagle3" | "medusa"
     hidden_size: int  # the target's
     target_vocab_size: int  # the target's full vocabulary (token ids below it)
     rms_norm_eps: float = 1e-6
@@ -49,6 +56,10 @@ class HeadConfig:
     head_dim: int = 0
     intermediate_size: int = 0
     rope_theta: float = 10000.0
+    # EAGLE-3: the target layers whose input features are fused (vLLM's
+    # eagle_aux_hidden_state_layer_ids), and where the first layer's residual is taken
+    aux_layers: list[int] = field(default_factory=list)
+    norm_before_residual: bool = True
     # Medusa
     num_medusa_heads: int = 0
     # What training measured (teacher-forced, held-out): top-i accuracy of each head /
@@ -59,18 +70,25 @@ class HeadConfig:
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"unknown head kind {self.kind!r}; choose one of {', '.join(HEAD_KINDS)}")
+        if self.kind == "eagle3" and not self.aux_layers:
+            raise ValueError("an eagle3 head needs the target layers it reads (aux_layers)")
 
     @staticmethod
     def for_target(kind: str, decoder_config, *, num_medusa_heads: int = 4, intermediate_size: int | None = None,
-                   target: str = "") -> HeadConfig:
-        """EAGLE's layer copies the target's layer shape (its paper's choice); Medusa needs only H."""
+                   target: str = "", aux_layers: list[int] | None = None) -> HeadConfig:
+        """EAGLE's layer copies the target's layer shape (its paper's choice); Medusa needs only H.
+        EAGLE-3 reads layers 2, L/2 and L-3 unless told otherwise (vLLM's default)."""
+        layers = decoder_config.num_layers
+        if kind == "eagle3" and aux_layers is None:
+            aux_layers = [2, layers // 2, layers - 3]
         return HeadConfig(kind=kind, hidden_size=decoder_config.hidden_size,
                           target_vocab_size=decoder_config.vocab_size, rms_norm_eps=decoder_config.rms_norm_eps,
                           num_heads=decoder_config.num_heads, num_kv_heads=decoder_config.num_kv_heads,
                           head_dim=decoder_config.head_dim,
                           intermediate_size=intermediate_size or decoder_config.intermediate_size,
                           rope_theta=decoder_config.rope_theta,
-                          num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, target=target)
+                          num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, target=target,
+                          aux_layers=list(aux_layers or []))
 
 
 class FrozenVocabulary(nn.Module):
@@ -85,6 +103,17 @@ class FrozenVocabulary(nn.Module):
         self.register_buffer("output_weight", output_weight.detach()[vocab_ids.to(output_weight.device)],
                              persistent=False)  # [N, H]
         self.register_buffer("vocab_ids", vocab_ids.to(embedding.device), persistent=False)  # [N]
+
+    @classmethod
+    def with_output_rows(cls, embedding: torch.Tensor, rows: torch.Tensor, vocab_ids: torch.Tensor
+                         ) -> FrozenVocabulary:
+        """rows [N, H]: the head's own output matrix, row i scoring target id vocab_ids[i]
+        (an EAGLE-3 checkpoint's lm_head, which its training may have changed)."""
+        return cls(embedding, rows, torch.arange(len(vocab_ids), device=rows.device)).relabel(vocab_ids)
+
+    def relabel(self, vocab_ids: torch.Tensor) -> FrozenVocabulary:
+        self.vocab_ids = vocab_ids.to(self.embedding.device)
+        return self
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [..., T] -> [..., T, H]
         return nn.functional.embedding(token_ids, self.embedding)
@@ -199,6 +228,10 @@ class MedusaHeads(nn.Module):
 
 
 def build_head(config: HeadConfig) -> nn.Module:
+    if config.kind == "eagle3":
+        from specdec.models.eagle3 import Eagle3Head
+
+        return Eagle3Head(config)
     return EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)
 
 
@@ -294,6 +327,8 @@ def locate_head(target_name: str, kind: str, path: str | Path | None = None) -> 
     """The checkpoint a head method loads (path, else the default for the target); a missing
     one is a FileNotFoundError that says how to train it."""
     location = Path(path) if path else default_head_path(target_name, kind)
+    if kind == "eagle3" and (location / "config.json").is_file():
+        return location  # a speculators / EAGLE-3 directory (models/speculators.py)
     if not location.is_file():
         hint = f" --out {location}" if path else ""
         raise FileNotFoundError(f"no trained {kind} head at {location}; train one with: specdec train-head "
@@ -307,6 +342,11 @@ def load_head_for(target, kind: str, path: str | Path | None = None) -> tuple[Lo
     location = locate_head(target.name, kind, path)
     decoder = _native_decoder(target.runner)
     dtype = decoder.dtype
+    if location.is_dir():
+        from specdec.models.speculators import load_speculators
+
+        return load_speculators(location, decoder, decoder.embedding.detach(), dtype=dtype,
+                                device=target.runner.device)
     head = load_head(location, dtype=dtype, device=target.runner.device)
     if head.config.kind != kind:
         raise ValueError(f"{location} holds a {head.config.kind} head, not {kind}")

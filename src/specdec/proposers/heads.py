@@ -42,12 +42,20 @@ def _proposal(tokens: list[int], parents: list[int] | None, device, probs: torch
 
 
 class EagleProposer:
+    """EAGLE (EagleHead) and EAGLE-3 (models/eagle3.py: Eagle3Head) alike: both feed the
+    committed tokens' target features, then their own outputs. EAGLE-3's head first fuses
+    the target's layers (read_target) and normalises its output before the output matrix
+    (to_output); EAGLE's does neither."""
+
     reads_target_hidden = True
 
     def __init__(self, head: EagleHead, vocab: FrozenVocabulary, *, tree_size: int = 0, tree_topk: int = 4) -> None:
         if tree_size < 0 or tree_topk < 1:
             raise ValueError(f"tree_size must be >= 0 (0 = a chain) and tree_topk >= 1, got {tree_size}, {tree_topk}")
         self.head, self.vocab = head, vocab
+        self._read = getattr(head, "read_target", lambda hidden: hidden)
+        self._to_output = getattr(head, "to_output", lambda feature: feature)
+        self.target_layers = tuple(head.config.aux_layers)  # the target features it reads; () = the final ones
         self.tree_size, self.tree_topk = tree_size, tree_topk
         self.dtype = next(head.parameters()).dtype
         self.reset()
@@ -85,8 +93,8 @@ class EagleProposer:
         next_tokens = ctx.token_ids[:, start + 1: context_len].to(self.vocab.embedding.device)
         positions = torch.arange(start, start + count, device=next_tokens.device)[None]
         mask = attention_mask([start], count, start + count, None, next_tokens.device)
-        predicted = self.head(hidden.to(self.dtype), self.vocab.embed(next_tokens), positions, cache=self.cache,
-                              mask=mask)
+        predicted = self.head(self._read(hidden.to(self.dtype)), self.vocab.embed(next_tokens), positions,
+                              cache=self.cache, mask=mask)
         self.committed = start + count
         self.root_feature = predicted[:, -1:]
 
@@ -94,7 +102,7 @@ class EagleProposer:
         feature, position = self.root_feature, self.committed
         tokens, draft_probs = [], []
         for index in range(max_k):
-            logits = self.vocab.logits(feature[:, -1])  # [1, N]
+            logits = self.vocab.logits(self._to_output(feature[:, -1]))  # [1, N]
             if ctx.params.greedy:
                 token = self.vocab.to_target_ids(logits.argmax(dim=-1))  # [1]
             else:
@@ -119,7 +127,7 @@ class EagleProposer:
         slots: dict[int, int] = {}  # expanded node -> its slot in the head cache
 
         def add_children(parent: int, feature: torch.Tensor, base: float) -> list[int]:
-            log_probs = torch.log_softmax(self.vocab.logits(feature), dim=-1)  # [N]
+            log_probs = torch.log_softmax(self.vocab.logits(self._to_output(feature)), dim=-1)  # [N]
             best = torch.topk(log_probs, min(topk, log_probs.shape[-1]))
             added = []
             for value, reduced in zip(best.values.tolist(), best.indices.tolist()):

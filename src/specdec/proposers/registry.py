@@ -18,12 +18,16 @@ METHODS = {
              "drafts a chain of k tokens",
     "eagle-tree": "EAGLE-2: the EAGLE head drafts a dynamic tree (--tree-size nodes, depth <= k), verified in one "
                   "target pass with a tree attention mask",
+    "eagle3": "an EAGLE-3 head (reads the target's low, middle and high layers, trained on its own drafts by "
+              "`specdec train-head --kind eagle3`, or a speculators/vLLM eagle3 directory) drafts a chain of k tokens",
+    "eagle3-tree": "the EAGLE-3 head drafts EAGLE-2's dynamic tree, verified in one target pass",
     "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
 }
 AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads
 _NEEDS_DRAFT_MODEL = {"draft", "ngram+draft"}
-_HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "medusa": "medusa"}  # method -> trained head it loads
-DEFAULT_TREE_SIZE = {"eagle-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
+_HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "eagle3": "eagle3", "eagle3-tree": "eagle3",
+              "medusa": "medusa"}  # method -> trained head it loads
+DEFAULT_TREE_SIZE = {"eagle-tree": 10, "eagle3-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
 
 
 def head_kind(method: str) -> str | None:
@@ -123,9 +127,9 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
         raise ValueError(f"method {method!r} needs a trained {head_kind(method)} head (specdec train-head)")
     if head.config.kind != head_kind(method):
         raise ValueError(f"method {method!r} needs a {head_kind(method)} head; this checkpoint is {head.config.kind}")
-    if method == "eagle":
+    if method in ("eagle", "eagle3"):
         return EagleProposer(head.module, vocabulary)
-    if method == "eagle-tree":
+    if method in ("eagle-tree", "eagle3-tree"):
         return EagleProposer(head.module, vocabulary, tree_size=max(tree_size, 1), tree_topk=tree_topk)
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 

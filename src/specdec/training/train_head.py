@@ -11,6 +11,16 @@
    at j+1 (both through the output head); the input features get uniform
    noise U(-0.1, 0.1) so the head copes with its own imperfect predictions
    when drafting autoregressively.
+   EAGLE-3 (Li et al. 2025, Section 3): no feature loss. The head is unrolled
+   on its own drafts for --ttt-steps steps (training-time test: step s feeds
+   step s-1's output feature and greedy token, attending to the target-fed
+   keys of its context and to its own chain's earlier drafts; the mask is
+   models/eagle3.py: unrolled_mask), and each step's draft distribution is
+   pulled towards the target's (KL, over the draft vocabulary). Acceptance-
+   aware: step s's loss at a root is weighted by the probability that the
+   drafts before it were accepted there, prod_{i<s} sum_x min(p_i, q_i) (the
+   acceptance probability of speculative sampling, Leviathan et al. 2022,
+   Theorem 3.5), so a deep draft matters as often as it is reached.
    Medusa (Cai et al. 2024, Section 2.1.2): the cross-entropy of head d
    against the token d+1 steps ahead, weighted 0.8^(d-1).
 3. Checkpoints: the head's weights as safetensors (what --method eagle and
@@ -30,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specdec.models.eagle3 import unrolled_mask
 from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
 
 
@@ -45,6 +56,8 @@ class TrainOptions:
     classification_positions: int = 128  # positions per window EAGLE's cross-entropy scores (0 = all)
     medusa_decay: float = 0.8  # Medusa's lambda_d = decay^(d-1)
     medusa_positions: int = 128  # positions per window in Medusa's loss (0 = all)
+    ttt_steps: int = 3  # EAGLE-3: unrolled draft steps per root (speculators' default)
+    ttt_decay: float = 1.0  # EAGLE-3: step s's loss times decay^s (the acceptance weight already falls with s)
     grad_clip: float = 0.5
     checkpoint_every: int = 100
     heldout_windows: int = 16
@@ -57,8 +70,10 @@ SHARD = 32  # windows per features file
 
 
 @torch.inference_mode()
-def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: bool = True) -> list[Path]:
-    """Run the target over each window once; shards of {"tokens" [n, T] int32, "features" [n, T, H]}.
+def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: bool = True,
+                     aux_layers: list[int] | None = None) -> list[Path]:
+    """Run the target over each window once; shards of {"tokens" [n, T] int32, "features" [n, T, H]},
+    plus "aux" [n, T, 3H], the inputs of aux_layers, for EAGLE-3.
 
     Resumable: a shard already on disk is kept (its windows are the same, given the same corpus options).
     """
@@ -75,29 +90,40 @@ def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: b
         if path.is_file():
             bar.update(len(batch))
             continue
-        features = []
+        features, aux = [], []
         for window in batch:
-            runner.reset()
             ids = torch.tensor([window], device=runner.device)
-            output = runner.forward(ids, torch.arange(len(window), device=runner.device)[None], last_n_logits=1)
+            positions = torch.arange(len(window), device=runner.device)[None]
+            runner.reset()
+            output = runner.forward(ids, positions, last_n_logits=1)
             features.append(output.hidden[0].to(torch.bfloat16).cpu())
+            if aux_layers:  # a second read with the inner layers captured (the final features are needed too)
+                runner.reset()
+                runner.decoder.capture_layers(aux_layers)
+                try:
+                    aux.append(runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu())
+                finally:
+                    runner.decoder.capture_layers(())
             bar.update(1)
         partial = path.with_suffix(".partial")
-        save_file({"tokens": torch.tensor(batch, dtype=torch.int32), "features": torch.stack(features)},
-                  str(partial))
+        tensors = {"tokens": torch.tensor(batch, dtype=torch.int32), "features": torch.stack(features)}
+        if aux:
+            tensors["aux"] = torch.stack(aux)
+        save_file(tensors, str(partial))
         partial.replace(path)
     bar.close()
     runner.reset()
     return shards
 
 
-def load_features(shards: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [N, T] int64, features [N, T, H] bf16) from all shards."""
+def load_features(shards: list[Path]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(tokens [N, T] int64, features [N, T, H] bf16, aux [N, T, 3H] bf16 or None) from all shards."""
     from safetensors.torch import load_file
 
     loaded = [load_file(str(path)) for path in shards]
+    aux = torch.cat([part["aux"] for part in loaded]) if all("aux" in part for part in loaded) else None
     return (torch.cat([part["tokens"] for part in loaded]).long(),
-            torch.cat([part["features"] for part in loaded]))
+            torch.cat([part["features"] for part in loaded]), aux)
 
 
 # ---- 2. losses ------------------------------------------------------------------------------
@@ -137,6 +163,64 @@ def eagle_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: to
                   "top1": float(top1)}
 
 
+def unroll_eagle3(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+                  aux: torch.Tensor, steps: int):
+    """Training-time test: yields, for s = 0..steps-1, (s, h'_s [B, n, H], target log-probs [B, n - s, N]),
+    where h'_s at root j drafts the token s + 2 after t_j and its target is the target's
+    distribution at position j + 1 + s. n = T - 1 roots; step s feeds step s-1's h' and
+    greedy token (never the true one), attending as at inference (models/eagle3.py: unrolled_mask).
+    """
+    roots = tokens.shape[1] - 1
+    device = tokens.device
+    with torch.no_grad():
+        target_logp = torch.log_softmax(vocab.logits(features[:, 1:].float()), dim=-1)  # [B, n, N]
+    hidden = head.read_target(aux[:, :-1].float())  # [B, n, H]
+    next_tokens = tokens[:, 1:]  # t_{j+1}
+    positions = torch.arange(roots, device=device)[None].expand(tokens.shape[0], -1)
+    keys, values = [], []
+    config = head.config
+    for step in range(steps):
+        query, key, value, residual = head.project(hidden, vocab.embed(next_tokens).float(), positions + step)
+        keys.append(key)
+        values.append(value)
+        mask = unrolled_mask(roots, step + 1, device)
+        attended = nn.functional.scaled_dot_product_attention(
+            query, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask,
+            enable_gqa=config.num_heads != config.num_kv_heads)
+        hidden = head.finish(attended, residual)
+        yield step, hidden, target_logp[:, step:]
+        with torch.no_grad():  # the head's own greedy draft feeds the next step
+            next_tokens = vocab.to_target_ids(vocab.logits(head.to_output(hidden)).argmax(-1))
+
+
+def eagle3_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor, aux: torch.Tensor,
+                options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """tokens [B, T], features [B, T, H], aux [B, T, 3H] -> (loss, {"kl_s", "top1_s"} per unrolled step).
+
+    The loss scores options.classification_positions roots per window (the output matrix is
+    the costliest matmul); the acceptance weights and the fed-back tokens use every root.
+    """
+    roots = tokens.shape[1] - 1
+    reached = torch.ones(tokens.shape[0], roots, device=tokens.device)  # P(drafts before step s accepted)
+    loss = torch.zeros((), device=tokens.device)
+    stats = {}
+    for step, hidden, target_logp in unroll_eagle3(head, vocab, tokens, features, aux, options.ttt_steps):
+        valid = roots - step  # roots whose step-s draft has a target
+        keep = min(options.classification_positions or valid, valid)
+        picks = torch.randperm(valid, generator=generator, device=tokens.device)[:keep]
+        draft_logp = torch.log_softmax(vocab.logits(head.to_output(hidden[:, picks])), dim=-1)  # [B, P, N]
+        wanted = target_logp[:, picks]
+        kl = (wanted.exp() * (wanted - draft_logp)).sum(-1)  # [B, P]
+        loss = loss + options.ttt_decay ** step * (reached[:, picks] * kl).mean()
+        with torch.no_grad():
+            all_logp = torch.log_softmax(vocab.logits(head.to_output(hidden[:, :valid])), dim=-1)
+            accepted = torch.minimum(all_logp.exp(), target_logp.exp()).sum(-1)  # [B, valid] sum_x min(p, q)
+            reached = reached[:, :valid - 1] * accepted[:, :valid - 1]  # roots that have a step s + 1
+            stats[f"kl_{step + 1}"] = float(kl.mean())
+            stats[f"top1_{step + 1}"] = float((draft_logp.argmax(-1) == wanted.argmax(-1)).float().mean())
+    return loss, stats
+
+
 def medusa_loss(heads, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
                 options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """Head d (1-based) on f_j against t_{j+1+d}; returns (loss, {"ce_d", "top1_d"}).
@@ -168,10 +252,11 @@ def medusa_loss(heads, vocab: FrozenVocabulary, tokens: torch.Tensor, features: 
 
 @torch.no_grad()
 def rank_accuracies(kind: str, head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
-                    topk: int = 8) -> list[list[float]]:
-    """Held-out, teacher-forced: how often the right token is the head's i-th choice, per depth.
+                    topk: int = 8, aux: torch.Tensor | None = None, ttt_steps: int = 3) -> list[list[float]]:
+    """Held-out: how often the target's choice is the head's i-th choice, per depth.
 
-    EAGLE has one depth (the target's top-1 at j+2 from f_j); Medusa one per head.
+    EAGLE has one depth (the target's top-1 at j+2 from f_j, teacher-forced); EAGLE-3 one per
+    unrolled step, each fed the head's own earlier drafts, as at inference; Medusa one per head.
     These size Medusa's static tree (proposers/heads.py: medusa_tree).
     """
     if kind == "eagle":
@@ -179,6 +264,17 @@ def rank_accuracies(kind: str, head, vocab: FrozenVocabulary, tokens: torch.Tens
         predicted = head(features[:, :-1].float(), vocab.embed(tokens[:, 1:]).float(), positions)
         logits = [vocab.logits(predicted)]
         wanted = [vocab.logits(features[:, 1:].float()).argmax(-1)]
+    elif kind == "eagle3":  # two windows at a time: each step's logits over every root are large
+        hits, counts = torch.zeros(ttt_steps, topk), torch.zeros(ttt_steps)
+        for first in range(0, tokens.shape[0], 2):
+            part = slice(first, first + 2)
+            for step, hidden, target_logp in unroll_eagle3(head, vocab, tokens[part], features[part], aux[part],
+                                                           ttt_steps):
+                logits = vocab.logits(head.to_output(hidden[:, : hidden.shape[1] - step]))
+                ranked = torch.topk(logits, topk, dim=-1).indices
+                hits[step] += (ranked == target_logp.argmax(-1)[..., None]).flatten(0, 1).sum(0).cpu()
+                counts[step] += target_logp.shape[0] * target_logp.shape[1]
+        return [[round(float(hits[s, i] / counts[s]), 4) for i in range(topk)] for s in range(ttt_steps)]
     else:
         labels = reduced_ids(tokens, vocab)
         per_head = head(features.float())  # [B, T, m, H]
@@ -205,14 +301,19 @@ def _lr_at(step: int, options: TrainOptions) -> float:
 
 def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
                checkpoint: Path, options: TrainOptions, *, device: torch.device, progress: bool = True,
-               log=print) -> dict:
-    """Train (or resume) a head; returns the final checkpoint's extra metadata."""
+               log=print, aux: torch.Tensor | None = None) -> dict:
+    """Train (or resume) a head; returns the final checkpoint's extra metadata.
+    aux [N, T, 3H]: the target's inner-layer features, which an EAGLE-3 head reads."""
+    if config.kind == "eagle3" and aux is None:
+        raise ValueError("an eagle3 head trains on the target's inner-layer features (aux); none were extracted")
     from tqdm.auto import tqdm
 
     torch.manual_seed(options.seed)
     heldout = min(options.heldout_windows, max(1, tokens.shape[0] // 10))
     train_tokens, train_features = tokens[heldout:], features[heldout:]
     test_tokens, test_features = tokens[:heldout].to(device), features[:heldout].to(device)
+    train_aux = aux[heldout:] if aux is not None else None
+    test_aux = aux[:heldout].to(device) if aux is not None else None
     if train_tokens.shape[0] == 0:
         raise ValueError("not enough training windows: raise --max-tokens or lower --seq-len")
 
@@ -240,12 +341,15 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
         picks = [int(order[(step * options.batch_size + i) % len(order)]) for i in range(options.batch_size)]
         batch_tokens = train_tokens[picks].to(device)
         batch_features = train_features[picks].to(device)
+        batch_aux = train_aux[picks].to(device) if train_aux is not None else None
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, options)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             randomness = torch.Generator(device=device).manual_seed(options.seed * 1_000_003 + step)
             if config.kind == "eagle":
                 loss, stats = eagle_loss(head, vocab, batch_tokens, batch_features, options, randomness)
+            elif config.kind == "eagle3":
+                loss, stats = eagle3_loss(head, vocab, batch_tokens, batch_features, batch_aux, options, randomness)
             else:
                 loss, stats = medusa_loss(head, vocab, batch_tokens, batch_features, options, randomness)
         optimizer.zero_grad(set_to_none=True)
@@ -257,7 +361,8 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
         done = step + 1
         if done % options.checkpoint_every == 0 or done == options.steps:
             head.eval()
-            accuracies = rank_accuracies(config.kind, head, vocab, test_tokens, test_features)
+            accuracies = rank_accuracies(config.kind, head, vocab, test_tokens, test_features, aux=test_aux,
+                                         ttt_steps=options.ttt_steps)
             head.train()
             extra = {"step": done, "steps_total": options.steps, "history": history[-200:],
                      "heldout_accuracies": accuracies, "train_seconds": round(time.perf_counter() - started, 1),

@@ -115,6 +115,19 @@ class NativeDecoder(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.norm, self.head = norm, head
         self.rotary = Rotary(config.head_dim, config.rope_theta, device)
+        # EAGLE-3 reads several layers' features instead of the final one (capture_layers).
+        self.feature_layers: tuple[int, ...] = ()
+
+    def capture_layers(self, layers: tuple[int, ...] | list[int]) -> None:
+        """forward's hidden becomes the residual stream entering each of `layers`, concatenated
+        [B, T, len(layers) x H], instead of the final norm's output: EAGLE-3's low, middle and
+        high features (Li et al. 2025, arXiv 2503.01840), taken where vLLM takes them (the input
+        of layer i, i.e. the output of layer i - 1), so a head trained here reads in vLLM what it
+        read here. () restores the final features."""
+        for layer in layers:
+            if not 0 <= layer < len(self.blocks):
+                raise ValueError(f"feature layer {layer} is outside the target's {len(self.blocks)} layers")
+        self.feature_layers = tuple(layers)
 
     @classmethod
     def from_state_dict(cls, config: DecoderConfig, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
@@ -171,9 +184,15 @@ class NativeDecoder(nn.Module):
         plan = AttentionPlan.build(list(cache.seq_lens), steps, groups, among_new, self.device)
         cos, sin = self.rotary(positions, self.dtype)
         x = nn.functional.embedding(token_ids, self.embedding)  # [B, T, H]
+        captured = {}  # layer -> the stream entering it
         for layer, block in enumerate(self.blocks):
+            if layer in self.feature_layers:
+                captured[layer] = x
             x = block(x, cos, sin, cache, layer, plan)
         cache.advance(steps)
         hidden = self.norm(x)
         scored = hidden[:, -last_n_logits:] if last_n_logits else hidden
-        return self.head(scored).float(), hidden
+        logits = self.head(scored).float()
+        if not self.feature_layers:
+            return logits, hidden
+        return logits, torch.cat([captured[layer] for layer in self.feature_layers], dim=-1)
