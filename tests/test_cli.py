@@ -245,6 +245,19 @@ def test_eagle3_trains_exports_to_speculators_and_loads_back(capsys, model_dirs,
     code, _, err = run(capsys, "export-head", "--target", model_dirs["target"], "--head", str(head), "--out",
                        str(exported))
     assert code == 2 and "not empty" in err  # never writes over a directory
+    # Self-distillation: the target's own answers, cached; the same command resumes without asking again.
+    distilled = tmp_path / "distilled" / "eagle3.safetensors"
+    distill = ["train-head", "--kind", "eagle3", "--aux-layers", "0,1,1", "--target", model_dirs["target"], "--out",
+               str(distilled), "--self-distill", "12", "--distill-tokens", "40", "--seq-len", "32", "--steps", "4",
+               "--max-tokens", "256"]
+    code, _, err = run(capsys, *distill)
+    assert code == 0, err
+    cache = next((tmp_path / "distilled").glob("distill-*.jsonl"))
+    rows = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert len(rows) == 12 and sum(bool(row["answer"]) for row in rows) >= 3  # long prompts skip 256 tokens
+    assert sorted(row["index"] for row in rows) == list(range(12))
+    code, _, err = run(capsys, *distill)
+    assert code == 0 and "resuming" in err and len(cache.read_text().splitlines()) == 12
     code, _, err = run(capsys, "train-head", "--kind", "eagle3", "--aux-layers", "0,7", "--target",
                        model_dirs["target"], "--out", str(tmp_path / "bad.safetensors"))
     assert code == 2 and "outside the target's 2 layers" in err

@@ -29,8 +29,13 @@ examples:
   specdec generate --method ngram+draft -k 8 --draft-k 4 --chat "Summarise: ..."
   specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
   specdec train-head --kind eagle && specdec generate --method eagle-tree --stats --chat "..."
+  specdec train-head --kind eagle3 --self-distill 160 && specdec generate --method eagle3 --chat "..."
+  specdec generate --method eagle3 --head ./some-eagle3-speculators-dir --chat "..."   # as vLLM loads it
   specdec generate --method medusa --tree-size 8 --temperature 0.7 --typical-acceptance --chat "..."  # LOSSY
 
+With no --method (auto) a CPU drafts by n-gram lookup, loading no draft model
+(the fastest lossless method measured on CPUs), and CUDA drafts with the draft
+model; --method draft, or naming a --draft, picks the draft model anywhere.
 Models are names from `specdec models list` (converted on first use) or local
 Hugging Face model directories. The draft must share the target's tokenizer.
 ngram needs no draft model: it copies what followed the context's last n tokens

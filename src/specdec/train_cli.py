@@ -52,6 +52,13 @@ def add_train_command(sub, add_model_args, positive_int) -> None:
     train.add_argument("--intermediate-size", type=positive_int, default=None,
                        help="EAGLE layer's MLP width (default: the target's on a GPU, as in the paper; a third of "
                             "it on a CPU, where it sets both the training time and each draft step's cost)")
+    train.add_argument("--self-distill", type=int, default=0, metavar="N",
+                       help="train on the target's own greedy answers to N prompts written from the standard "
+                            "library (generated once with the batched engine, cached and resumable beside the "
+                            "checkpoint), instead of the library's text: the head learns what the target says "
+                            "(default: 0 = off)")
+    train.add_argument("--distill-tokens", type=positive_int, default=256,
+                       help="--self-distill: the longest answer, in tokens (default: 256)")
     train.add_argument("--ttt-steps", type=positive_int, default=3,
                        help="eagle3: draft steps unrolled on the head's own outputs in training (default: 3)")
     train.add_argument("--aux-layers", default=None, metavar="I,J,K",
@@ -101,7 +108,7 @@ def cmd_export_head(args, load_models) -> int:
         raise ValueError(f"{args.out} exists and is not empty; choose a new directory")
     args.backend = "native"
     target, _ = load_models(args, need_draft=False)
-    head, vocab = load_head_for(target, "eagle3", args.head)
+    head, vocab = load_head_for(target, "eagle3", args.head, for_drafting=False)
     target_config = json.loads((Path(target.path) / "config.json").read_text())
     out = export_speculators(head, vocab, args.out, verifier=args.verifier_name or str(target.path),
                              verifier_architectures=target_config.get("architectures") or [],
@@ -150,10 +157,24 @@ def cmd_train_head(args, load_models) -> int:
         runner.decoder.capture_layers(config.aux_layers)  # validates them before any long work
         runner.decoder.capture_layers(())
 
+    if args.self_distill < 0:
+        raise ValueError(f"--self-distill takes a number of prompts >= 0, got {args.self_distill}")
     started = time.perf_counter()
-    chunks = token_chunks(tokenizer, chat_texts(tokenizer, stdlib_documents(), seed=args.seed), args.seq_len,
-                          args.max_tokens)
+    if args.self_distill:
+        from specdec.training.self_distill import distill_prompts, generate_answers
+
+        answers = out.parent / (f"distill-{Path(str(target.path)).name}-seed{args.seed}-"
+                                f"{args.distill_tokens}tok.jsonl")
+        _log(f"self-distillation: the target answers {args.self_distill} prompts -> {answers}")
+        documents = generate_answers(runner, tokenizer, distill_prompts(args.self_distill, args.seed), answers,
+                                     max_new_tokens=args.distill_tokens, eos_token_ids=target.eos_token_ids)
+        chunks = token_chunks(tokenizer, chat_texts(tokenizer, documents, seed=args.seed), args.seq_len,
+                              args.max_tokens, pack=True)
+    else:
+        chunks = token_chunks(tokenizer, chat_texts(tokenizer, stdlib_documents(), seed=args.seed), args.seq_len,
+                              args.max_tokens)
     read = f"|aux{config.aux_layers}" if config.kind == "eagle3" else ""  # eagle and medusa share features
+    read += f"|distill{args.self_distill},{args.distill_tokens}" if args.self_distill else ""
     fingerprint = hashlib.sha256(f"{target.path}|{args.seq_len}|{args.max_tokens}|{args.seed}|{len(chunks)}{read}"
                                  .encode()).hexdigest()[:12]
     features_dir = out.parent / f"features-{fingerprint}"
@@ -169,7 +190,9 @@ def cmd_train_head(args, load_models) -> int:
     vocab = frozen_vocabulary(runner, target.path, vocab_ids, train_dtype)
     options = TrainOptions(steps=args.steps, batch_size=args.batch_size,
                            lr=args.lr or (1e-3 if args.kind == "medusa" else 3e-4),
-                           checkpoint_every=args.checkpoint_every, seed=args.seed, ttt_steps=args.ttt_steps)
+                           checkpoint_every=args.checkpoint_every, seed=args.seed, ttt_steps=args.ttt_steps,
+                           # eagle3 unrolls these roots per window; each costs 3 output-matrix rows (CPU time)
+                           classification_positions=64 if args.kind == "eagle3" else 128)
     del target, runner  # frees the target's weights: the vocabulary holds the rows the head reuses
     extra = train_head(config, vocab, tokens, features, out, options, device=device, log=_log, aux=aux)
     _log(f"done: {out} (features {features_s / 60:.1f} min, training {extra.get('train_seconds', 0) / 60:.1f} min; "

@@ -83,8 +83,17 @@ def test_inner_features_are_the_residual_stream_entering_each_layer(model, targe
     expected = torch.cat([reference[i] for i in AUX], dim=-1)
     assert captured.shape == (1, tokens.shape[1], 3 * model.config.hidden_size)
     torch.testing.assert_close(captured, expected, atol=1e-4, rtol=1e-4)
+    target.decoder.capture_layers([*AUX, 4])  # 4 = the final features, which training reads beside them
+    try:
+        both = target.forward(tokens, positions).hidden
+    finally:
+        target.decoder.capture_layers(())
+        target.reset()
+    final = target.forward(tokens, positions).hidden
+    target.reset()
+    assert torch.equal(both[..., :-32], captured) and torch.equal(both[..., -32:], final)
     with pytest.raises(ValueError, match="outside the target's 4 layers"):
-        target.decoder.capture_layers([4])
+        target.decoder.capture_layers([5])
 
 
 def test_the_unrolled_mask_matches_a_hand_worked_example():
@@ -95,8 +104,10 @@ def test_the_unrolled_mask_matches_a_hand_worked_example():
         [1, 1, 0,       0, 1, 0,      0, 1, 0],
         [1, 1, 1,       0, 0, 1,      0, 0, 1],
     ], dtype=torch.bool)
-    assert torch.equal(unrolled_mask(3, 3, torch.device("cpu")), expected)
-    assert torch.equal(unrolled_mask(3, 1, torch.device("cpu")), expected[:, :3])
+    assert torch.equal(unrolled_mask(torch.tensor([0, 1, 2]), 3, 3), expected)
+    assert torch.equal(unrolled_mask(torch.tensor([0, 1, 2]), 3, 1), expected[:, :3])
+    # Deeper steps run at a few roots only: root 1 of 3 positions, second step.
+    assert unrolled_mask(torch.tensor([1]), 3, 2).tolist() == [[True, True, False, True]]
 
 
 def test_training_lowers_the_loss_and_reports_accuracy_per_depth(eagle3, target):
@@ -117,11 +128,11 @@ def test_training_time_test_drafts_what_inference_drafts(eagle3, vocab, windows,
     head = eagle3[1].module
     window = slice(0, 1)
     with torch.no_grad():
-        unrolled = [vocab.to_target_ids(vocab.logits(head.to_output(hidden)).argmax(-1))[0]
-                    for _, hidden, _ in unroll_eagle3(head, vocab, tokens[window], features[window].float(),
+        unrolled = [vocab.to_target_ids(logits.argmax(-1))[0]
+                    for _, logits, _ in unroll_eagle3(head, vocab, tokens[window], features[window].float(),
                                                       aux[window].float(), 3)]
     proposer = EagleProposer(head, vocab)
-    for root in (0, 5, 17, 30):
+    for root in (0, 5, 17, 30, tokens.shape[1] - 4):  # the default roots: every one with 3 targets
         proposer.reset()
         context = tokens[window, : root + 2]  # t_0 .. t_{j+1}
         ctx = ProposeContext(context, SamplingParams(temperature=0), None, target.vocab_size,
@@ -135,6 +146,15 @@ def test_the_loss_weights_deeper_steps_by_the_chance_they_are_reached(eagle3, vo
     options = TrainOptions(ttt_steps=3, classification_positions=0)
     _, stats = eagle3_loss(eagle3[1].module, vocab, tokens[:2], features[:2].float(), aux[:2].float(), options)
     assert set(stats) == {"kl_1", "kl_2", "kl_3", "top1_1", "top1_2", "top1_3"}
+    # A few roots give the same per-root drafts as all of them (deeper steps only run at the roots).
+    few = torch.tensor([3, 11, 20])
+    with torch.no_grad():
+        every = [logits[:, few] for _, logits, _ in unroll_eagle3(eagle3[1].module, vocab, tokens[:2],
+                                                                  features[:2].float(), aux[:2].float(), 3)]
+        some = [logits for _, logits, _ in unroll_eagle3(eagle3[1].module, vocab, tokens[:2],
+                                                         features[:2].float(), aux[:2].float(), 3, few)]
+    for a, b in zip(every, some):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def _proposer(eagle3, vocab, tree):

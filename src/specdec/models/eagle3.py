@@ -62,7 +62,7 @@ class Eagle3Head(nn.Module):
 
     # The proposer's two hooks (proposers/heads.py: EagleProposer serves EAGLE and EAGLE-3).
     def read_target(self, aux: torch.Tensor) -> torch.Tensor:  # [..., 3H] -> [..., H]
-        return self.fc(aux.to(self.fc.weight.dtype))
+        return self.fc(aux.to(self.norm.dtype))
 
     def to_output(self, hidden: torch.Tensor) -> torch.Tensor:  # h' -> what the output matrix reads
         return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
@@ -111,17 +111,16 @@ class Eagle3Head(nn.Module):
         return self.finish(attended, residual)
 
 
-def unrolled_mask(steps: int, depth: int, device: torch.device) -> torch.Tensor:
-    """Training-time test's attention mask [T, depth x T] for unroll step `depth - 1`.
+def unrolled_mask(roots: torch.Tensor, length: int, depth: int) -> torch.Tensor:
+    """Training-time test's attention mask [P, length + (depth - 1) x P] for unroll step depth - 1,
+    whose queries are the P roots j (ascending positions in a window of `length`).
 
-    Keys are laid out step by step: block 0 holds the T positions fed with the target's
-    features, block i the head's i-th drafts. A query at position j of step s drafts the
-    (s+1)-th token after root j; at inference it would see the committed context (block 0,
-    positions <= j) and its own chain's earlier drafts, which all grew from root j: the
-    diagonal of blocks 1..s. EAGLE-3 Section 3.2 (its Figure 5); speculators' diagonal
-    extension of the causal mask.
+    Keys are laid out step by step: first the `length` positions fed with the target's features
+    (step 0, every position), then block i holds the roots' i-th drafts. A query at root j drafts
+    the (s+1)-th token after it; drafting would let it see the committed context (positions <= j)
+    and its own chain's earlier drafts, which all grew from root j: the diagonal of blocks
+    1..s. EAGLE-3 Section 3.2 (its Figure 5); speculators' diagonal extension of the causal mask.
     """
-    rows = torch.arange(steps, device=device)
-    causal = rows[None, :] <= rows[:, None]  # [T, T]
-    diagonal = torch.eye(steps, dtype=torch.bool, device=device)
-    return torch.cat([causal] + [diagonal] * (depth - 1), dim=1)
+    context = torch.arange(length, device=roots.device)[None] <= roots[:, None]  # [P, length]
+    diagonal = torch.eye(len(roots), dtype=torch.bool, device=roots.device)
+    return torch.cat([context] + [diagonal] * (depth - 1), dim=1)

@@ -119,7 +119,19 @@ class FrozenVocabulary(nn.Module):
         return nn.functional.embedding(token_ids, self.embedding)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., N] fp32, reduced ids
+        fast = self.__dict__.get("_fast_output")
+        if fast is not None:
+            return fast(features.to(self.output_weight.dtype)).float()
         return nn.functional.linear(features.to(self.output_weight.dtype), self.output_weight).float()
+
+    def quantize_output(self, quantize: str) -> None:
+        """Drafting scores the head's vocabulary through the target's weight format (w4a8: 1.7 ms
+        instead of 14 ms for 32,768 rows on an AVX2 EPYC). Only drafts change, never the output:
+        verification is exact. The dense rows stay (training and export read them)."""
+        from specdec.models.native.linear import make_linear
+
+        self.__dict__["_fast_output"] = make_linear(self.output_weight, None, dtype=self.output_weight.dtype,
+                                                    device=self.output_weight.device, quantize=quantize)
 
     def to_target_ids(self, reduced: torch.Tensor) -> torch.Tensor:
         return self.vocab_ids[reduced]
@@ -225,6 +237,19 @@ class MedusaHeads(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., m, H] per-head features
         return torch.stack([features + nn.functional.silu(block(features)) for block in self.blocks], dim=-2)
+
+
+def quantize_head(module: nn.Module, quantize: str) -> None:
+    """A loaded head's projections in the target's weight format, for drafting on a CPU (each
+    draft step reads them all; in fp32 an EAGLE-3 layer is ~116 MB). Drafts only: exactness
+    is verification's."""
+    from specdec.models.native.linear import make_linear
+
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, make_linear(child.weight.detach(), None if child.bias is None else
+                                              child.bias.detach(), dtype=child.weight.dtype,
+                                              device=child.weight.device, quantize=quantize))
 
 
 def build_head(config: HeadConfig) -> nn.Module:
@@ -336,17 +361,22 @@ def locate_head(target_name: str, kind: str, path: str | Path | None = None) -> 
     return location
 
 
-def load_head_for(target, kind: str, path: str | Path | None = None) -> tuple[LoadedHead, FrozenVocabulary]:
+def load_head_for(target, kind: str, path: str | Path | None = None, *, for_drafting: bool = True
+                  ) -> tuple[LoadedHead, FrozenVocabulary]:
     """The trained head of `kind` for a loaded target (models.loader.LoadedModel) and the target's
-    vocabulary it reads, in the target's dtype on its device; clear errors when either does not fit."""
+    vocabulary it reads, in the target's dtype on its device; clear errors when either does not fit.
+
+    for_drafting: an EAGLE-3 head on a quantized CPU target drafts through the target's weight
+    format (quantize_head); False keeps the dense weights (export)."""
     location = locate_head(target.name, kind, path)
     decoder = _native_decoder(target.runner)
     dtype = decoder.dtype
     if location.is_dir():
         from specdec.models.speculators import load_speculators
 
-        return load_speculators(location, decoder, decoder.embedding.detach(), dtype=dtype,
-                                device=target.runner.device)
+        head, vocab = load_speculators(location, decoder, decoder.embedding.detach(), dtype=dtype,
+                                       device=target.runner.device)
+        return _for_drafting(head, vocab, target, for_drafting)
     head = load_head(location, dtype=dtype, device=target.runner.device)
     if head.config.kind != kind:
         raise ValueError(f"{location} holds a {head.config.kind} head, not {kind}")
@@ -355,4 +385,15 @@ def load_head_for(target, kind: str, path: str | Path | None = None) -> tuple[Lo
         raise ValueError(f"{location} was trained for a target with hidden size {head.config.hidden_size} and "
                          f"{head.config.target_vocab_size} tokens ({head.config.target or 'unknown'}); "
                          f"{target.name} has {decoder.config.hidden_size} and {decoder.config.vocab_size}")
-    return head, frozen_vocabulary(target.runner, target.path, head.vocab_ids, dtype)
+    return _for_drafting(head, frozen_vocabulary(target.runner, target.path, head.vocab_ids, dtype), target,
+                         for_drafting)
+
+
+def _for_drafting(head: LoadedHead, vocab: FrozenVocabulary, target, for_drafting: bool
+                  ) -> tuple[LoadedHead, FrozenVocabulary]:
+    quantize = getattr(target, "quantize", "none")
+    if for_drafting and head.config.kind == "eagle3" and target.runner.device.type == "cpu" and \
+            quantize in ("w4a8", "w8a8", "int8"):
+        quantize_head(head.module, quantize)
+        vocab.quantize_output(quantize)
+    return head, vocab

@@ -46,10 +46,17 @@ def chat_texts(tokenizer, documents: list[tuple[str, str]], seed: int = 0) -> li
     return texts
 
 
-def token_chunks(tokenizer, texts: list[str], seq_len: int, max_tokens: int) -> list[list[int]]:
-    """Fixed-length windows of seq_len tokens (documents cut, short tails dropped), up to max_tokens."""
+def token_chunks(tokenizer, texts: list[str], seq_len: int, max_tokens: int, pack: bool = False
+                 ) -> list[list[int]]:
+    """Fixed-length windows of seq_len tokens (documents cut, short tails dropped), up to max_tokens.
+
+    pack: the texts are first joined into one stream, so conversations shorter than a window
+    (the target's own answers) are kept, several to a window, instead of dropped."""
     chunks: list[list[int]] = []
-    for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    if pack:
+        encoded = [[token for ids in encoded for token in ids]]
+    for ids in encoded:
         for start in range(0, len(ids) - seq_len // 4, seq_len):
             window = ids[start: start + seq_len]
             if len(window) == seq_len:

@@ -95,15 +95,18 @@ def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: b
             ids = torch.tensor([window], device=runner.device)
             positions = torch.arange(len(window), device=runner.device)[None]
             runner.reset()
-            output = runner.forward(ids, positions, last_n_logits=1)
-            features.append(output.hidden[0].to(torch.bfloat16).cpu())
-            if aux_layers:  # a second read with the inner layers captured (the final features are needed too)
-                runner.reset()
-                runner.decoder.capture_layers(aux_layers)
+            if aux_layers:  # the inner layers' inputs and, last, the final features: one read
+                final = runner.decoder.config.num_layers
+                runner.decoder.capture_layers([*aux_layers, final])
                 try:
-                    aux.append(runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu())
+                    hidden = runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu()
                 finally:
                     runner.decoder.capture_layers(())
+                size = hidden.shape[-1] // (len(aux_layers) + 1)
+                aux.append(hidden[:, :-size])
+                features.append(hidden[:, -size:])
+            else:
+                features.append(runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu())
             bar.update(1)
         partial = path.with_suffix(".partial")
         tensors = {"tokens": torch.tensor(batch, dtype=torch.int32), "features": torch.stack(features)}
@@ -164,60 +167,71 @@ def eagle_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: to
 
 
 def unroll_eagle3(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
-                  aux: torch.Tensor, steps: int):
-    """Training-time test: yields, for s = 0..steps-1, (s, h'_s [B, n, H], target log-probs [B, n - s, N]),
-    where h'_s at root j drafts the token s + 2 after t_j and its target is the target's
-    distribution at position j + 1 + s. n = T - 1 roots; step s feeds step s-1's h' and
-    greedy token (never the true one), attending as at inference (models/eagle3.py: unrolled_mask).
+                  aux: torch.Tensor, steps: int, roots: torch.Tensor | None = None):
+    """Training-time test: yields, for s = 0..steps-1, (s, draft logits [B, P, N], target log-probs
+    [B, P, N]) at the roots j (default: every root with a target at every step). The step-s
+    draft at root j is the token s + 2 after t_j; its target is the target's distribution at
+    position j + 1 + s. Step s feeds step s-1's output feature and greedy token (never the true
+    one) and attends as drafting will (models/eagle3.py: unrolled_mask): to the target-fed keys
+    of the context up to j, and to its own chain's earlier drafts.
+
+    Only step 0 runs at every position (its keys are everyone's context); deeper steps run at
+    the P roots alone, and the output matrix (the costliest matmul) scores those P.
     """
-    roots = tokens.shape[1] - 1
+    length = tokens.shape[1] - 1  # positions j with a next token t_{j+1}
     device = tokens.device
-    with torch.no_grad():
-        target_logp = torch.log_softmax(vocab.logits(features[:, 1:].float()), dim=-1)  # [B, n, N]
+    if roots is None:
+        roots = torch.arange(length - steps + 1, device=device)
     hidden = head.read_target(aux[:, :-1].float())  # [B, n, H]
     next_tokens = tokens[:, 1:]  # t_{j+1}
-    positions = torch.arange(roots, device=device)[None].expand(tokens.shape[0], -1)
-    keys, values = [], []
+    positions = torch.arange(length, device=device)[None].expand(tokens.shape[0], -1)
     config = head.config
+    gqa = config.num_heads != config.num_kv_heads
+    context_keys = context_values = None
+    own_keys, own_values = [], []
     for step in range(steps):
         query, key, value, residual = head.project(hidden, vocab.embed(next_tokens).float(), positions + step)
-        keys.append(key)
-        values.append(value)
-        mask = unrolled_mask(roots, step + 1, device)
-        attended = nn.functional.scaled_dot_product_attention(
-            query, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask,
-            enable_gqa=config.num_heads != config.num_kv_heads)
-        hidden = head.finish(attended, residual)
-        yield step, hidden, target_logp[:, step:]
-        with torch.no_grad():  # the head's own greedy draft feeds the next step
-            next_tokens = vocab.to_target_ids(vocab.logits(head.to_output(hidden)).argmax(-1))
+        if step == 0:  # every position: causal over the context
+            context_keys, context_values = key, value
+            attended = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=gqa)
+            out = head.finish(attended, residual)[:, roots]  # [B, P, H]
+        else:  # the P roots: their context up to j, and their own earlier drafts (the diagonal)
+            own_keys.append(key)
+            own_values.append(value)
+            mask = unrolled_mask(roots, length, step + 1)
+            attended = nn.functional.scaled_dot_product_attention(
+                query, torch.cat([context_keys, *own_keys], dim=2), torch.cat([context_values, *own_values], dim=2),
+                attn_mask=mask, enable_gqa=gqa)
+            out = head.finish(attended, residual)
+        logits = vocab.logits(head.to_output(out))  # [B, P, N]
+        with torch.no_grad():
+            target_logp = torch.log_softmax(vocab.logits(features[:, roots + 1 + step].float()), dim=-1)
+        yield step, logits, target_logp
+        hidden = out
+        next_tokens = vocab.to_target_ids(logits.detach().argmax(-1))  # the head's own greedy draft
+        positions = roots[None].expand(tokens.shape[0], -1)  # step s runs at root j's position j + s
 
 
 def eagle3_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor, aux: torch.Tensor,
                 options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     """tokens [B, T], features [B, T, H], aux [B, T, 3H] -> (loss, {"kl_s", "top1_s"} per unrolled step).
 
-    The loss scores options.classification_positions roots per window (the output matrix is
-    the costliest matmul); the acceptance weights and the fed-back tokens use every root.
+    options.classification_positions roots per window are unrolled (0: all).
     """
-    roots = tokens.shape[1] - 1
-    reached = torch.ones(tokens.shape[0], roots, device=tokens.device)  # P(drafts before step s accepted)
+    valid = tokens.shape[1] - options.ttt_steps  # roots with a target at every step
+    keep = min(options.classification_positions or valid, valid)
+    roots = torch.randperm(valid, generator=generator, device=tokens.device)[:keep].sort().values
+    reached = torch.ones(tokens.shape[0], keep, device=tokens.device)  # P(drafts before step s accepted)
     loss = torch.zeros((), device=tokens.device)
     stats = {}
-    for step, hidden, target_logp in unroll_eagle3(head, vocab, tokens, features, aux, options.ttt_steps):
-        valid = roots - step  # roots whose step-s draft has a target
-        keep = min(options.classification_positions or valid, valid)
-        picks = torch.randperm(valid, generator=generator, device=tokens.device)[:keep]
-        draft_logp = torch.log_softmax(vocab.logits(head.to_output(hidden[:, picks])), dim=-1)  # [B, P, N]
-        wanted = target_logp[:, picks]
-        kl = (wanted.exp() * (wanted - draft_logp)).sum(-1)  # [B, P]
-        loss = loss + options.ttt_decay ** step * (reached[:, picks] * kl).mean()
+    for step, logits, target_logp in unroll_eagle3(head, vocab, tokens, features, aux, options.ttt_steps, roots):
+        draft_logp = torch.log_softmax(logits, dim=-1)  # [B, P, N]
+        kl = (target_logp.exp() * (target_logp - draft_logp)).sum(-1)  # [B, P]
+        loss = loss + options.ttt_decay ** step * (reached * kl).mean()
         with torch.no_grad():
-            all_logp = torch.log_softmax(vocab.logits(head.to_output(hidden[:, :valid])), dim=-1)
-            accepted = torch.minimum(all_logp.exp(), target_logp.exp()).sum(-1)  # [B, valid] sum_x min(p, q)
-            reached = reached[:, :valid - 1] * accepted[:, :valid - 1]  # roots that have a step s + 1
+            reached = reached * torch.minimum(draft_logp.exp(), target_logp.exp()).sum(-1)  # x sum_x min(p, q)
             stats[f"kl_{step + 1}"] = float(kl.mean())
-            stats[f"top1_{step + 1}"] = float((draft_logp.argmax(-1) == wanted.argmax(-1)).float().mean())
+            stats[f"top1_{step + 1}"] = float((draft_logp.argmax(-1) == target_logp.argmax(-1)).float().mean())
     return loss, stats
 
 
@@ -268,9 +282,8 @@ def rank_accuracies(kind: str, head, vocab: FrozenVocabulary, tokens: torch.Tens
         hits, counts = torch.zeros(ttt_steps, topk), torch.zeros(ttt_steps)
         for first in range(0, tokens.shape[0], 2):
             part = slice(first, first + 2)
-            for step, hidden, target_logp in unroll_eagle3(head, vocab, tokens[part], features[part], aux[part],
+            for step, logits, target_logp in unroll_eagle3(head, vocab, tokens[part], features[part], aux[part],
                                                            ttt_steps):
-                logits = vocab.logits(head.to_output(hidden[:, : hidden.shape[1] - step]))
                 ranked = torch.topk(logits, topk, dim=-1).indices
                 hits[step] += (ranked == target_logp.argmax(-1)[..., None]).flatten(0, 1).sum(0).cpu()
                 counts[step] += target_logp.shape[0] * target_logp.shape[1]

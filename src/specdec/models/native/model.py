@@ -123,10 +123,12 @@ class NativeDecoder(nn.Module):
         [B, T, len(layers) x H], instead of the final norm's output: EAGLE-3's low, middle and
         high features (Li et al. 2025, arXiv 2503.01840), taken where vLLM takes them (the input
         of layer i, i.e. the output of layer i - 1), so a head trained here reads in vLLM what it
-        read here. () restores the final features."""
+        read here. () restores the final features; layer L (the number of layers) names them
+        among the others (training reads both in one pass)."""
         for layer in layers:
-            if not 0 <= layer < len(self.blocks):
-                raise ValueError(f"feature layer {layer} is outside the target's {len(self.blocks)} layers")
+            if not 0 <= layer <= len(self.blocks):
+                raise ValueError(f"feature layer {layer} is outside the target's {len(self.blocks)} layers "
+                                 f"(0..{len(self.blocks) - 1}, or {len(self.blocks)} for the final features)")
         self.feature_layers = tuple(layers)
 
     @classmethod
@@ -195,4 +197,5 @@ class NativeDecoder(nn.Module):
         logits = self.head(scored).float()
         if not self.feature_layers:
             return logits, hidden
+        captured[len(self.blocks)] = hidden
         return logits, torch.cat([captured[layer] for layer in self.feature_layers], dim=-1)
