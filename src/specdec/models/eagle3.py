@@ -29,9 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec.models.heads import HeadConfig, HeadKVCache, rotary_angles
-from specdec.models.native.attention import grouped_attention
-from specdec.models.native.model import rotate_half
+from specdec.models.heads import HeadConfig, HeadKVCache, attend, project_qkv
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,17 +69,11 @@ class Eagle3Head(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden, next_embeds [B, T, H], positions [B, T] -> query [B, Hq, T, D], key, value
         [B, Hkv, T, D] (RoPE applied) and the residual [B, T, H]."""
-        batch, steps, _ = hidden.shape
-        config, eps = self.config, self.config.rms_norm_eps
+        eps = self.config.rms_norm_eps
         normed = rms_norm(hidden, self.hidden_norm, eps)
         x = torch.cat([rms_norm(next_embeds.to(hidden.dtype), self.input_layernorm, eps), normed], dim=-1)
-        query = self.q_proj(x).view(batch, steps, config.num_heads, config.head_dim).transpose(1, 2)
-        key = self.k_proj(x).view(batch, steps, config.num_kv_heads, config.head_dim).transpose(1, 2)
-        value = self.v_proj(x).view(batch, steps, config.num_kv_heads, config.head_dim).transpose(1, 2)
-        cos, sin = rotary_angles(positions.to(x.device), config.head_dim, config.rope_theta, query.dtype)
-        query = query * cos + rotate_half(query) * sin
-        key = key * cos + rotate_half(key) * sin
-        return query, key, value, normed if config.norm_before_residual else hidden
+        query, key, value = project_qkv(self, x, positions)
+        return query, key, value, normed if self.config.norm_before_residual else hidden
 
     def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attended [B, Hq, T, D], residual [B, T, H] -> h' [B, T, H] (before the final norm)."""
@@ -100,15 +92,7 @@ class Eagle3Head(nn.Module):
         mask: torch.Tensor | None = None,  # [B, 1, T, S] bool for a cache; None: causal over the T
     ) -> torch.Tensor:  # [B, T, H] h'_j
         query, key, value, residual = self.project(hidden, next_embeds, positions)
-        config = self.config
-        if cache is None:
-            attended = nn.functional.scaled_dot_product_attention(
-                query, key, value, is_causal=True, enable_gqa=config.num_heads != config.num_kv_heads)
-        else:
-            cache.append(key[0], value[0])
-            keys, values = cache.view()
-            attended = grouped_attention(query, keys[None], values[None], mask)
-        return self.finish(attended, residual)
+        return self.finish(attend(self.config, query, key, value, cache, mask), residual)
 
 
 def unrolled_mask(roots: torch.Tensor, length: int, depth: int) -> torch.Tensor:

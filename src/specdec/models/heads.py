@@ -171,6 +171,30 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, theta: float, dtype: t
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def project_qkv(head: nn.Module, x: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [B, T, *], positions [B, T] -> query [B, Hq, T, D], key and value [B, Hkv, T, D], RoPE
+    applied: a head layer's q/k/v_proj (EAGLE's and EAGLE-3's alike)."""
+    batch, steps = x.shape[:2]
+    config = head.config
+    query = head.q_proj(x).view(batch, steps, config.num_heads, config.head_dim).transpose(1, 2)
+    key = head.k_proj(x).view(batch, steps, config.num_kv_heads, config.head_dim).transpose(1, 2)
+    value = head.v_proj(x).view(batch, steps, config.num_kv_heads, config.head_dim).transpose(1, 2)
+    cos, sin = rotary_angles(positions.to(x.device), config.head_dim, config.rope_theta, query.dtype)
+    return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin, value
+
+
+def attend(config: HeadConfig, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           cache: HeadKVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
+    """Training (no cache): causal over the T; drafting: the T new keys join the cache first."""
+    if cache is None:
+        return nn.functional.scaled_dot_product_attention(
+            query, key, value, is_causal=True, enable_gqa=config.num_heads != config.num_kv_heads)
+    cache.append(key[0], value[0])
+    keys, values = cache.view()
+    return grouped_attention(query, keys[None], values[None], mask)
+
+
 class EagleHead(nn.Module):
     """fc over [embed(next token); feature], then one pre-norm decoder layer (EAGLE-1's
     layer skips the input norm: the fused input is not a residual stream)."""
@@ -199,21 +223,9 @@ class EagleHead(nn.Module):
         mask: torch.Tensor | None = None,  # [B, 1, T, S] bool for a cache; None: causal over the T
     ) -> torch.Tensor:  # [B, T, H] f^_{j+1}
         batch, steps, _ = features.shape
-        config = self.config
         x = self.fc(torch.cat([next_embeds.to(features.dtype), features], dim=-1))
-        query = self.q_proj(x).view(batch, steps, config.num_heads, config.head_dim).transpose(1, 2)
-        key = self.k_proj(x).view(batch, steps, config.num_kv_heads, config.head_dim).transpose(1, 2)
-        value = self.v_proj(x).view(batch, steps, config.num_kv_heads, config.head_dim).transpose(1, 2)
-        cos, sin = rotary_angles(positions.to(x.device), config.head_dim, config.rope_theta, query.dtype)
-        query = query * cos + rotate_half(query) * sin
-        key = key * cos + rotate_half(key) * sin
-        if cache is None:  # training: whole sequences, causal
-            attended = nn.functional.scaled_dot_product_attention(
-                query, key, value, is_causal=True, enable_gqa=config.num_heads != config.num_kv_heads)
-        else:
-            cache.append(key[0], value[0])
-            keys, values = cache.view()
-            attended = grouped_attention(query, keys[None], values[None], mask)
+        query, key, value = project_qkv(self, x, positions)
+        attended = attend(self.config, query, key, value, cache, mask)
         x = x + self.o_proj(attended.transpose(1, 2).reshape(batch, steps, -1))
         # RMSNorm in fp32, as the target's (native/model.py), whatever the head's dtype.
         x32 = x.float()
