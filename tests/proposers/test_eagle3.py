@@ -173,6 +173,19 @@ def test_greedy_with_eagle3_is_plain_greedy(tree, target, vocab, eagle3):
     assert accepted > 10  # the head's drafts were really used
 
 
+def test_features_read_after_an_eagle3_request_are_the_final_ones(target, vocab, eagle3, windows, tmp_path):
+    """An EAGLE-3 request leaves its layers selected on the shared runner; a later feature
+    extraction for an EAGLE-1 or Medusa head must still read the final features (CI caught
+    [.., 3H] features reaching a Medusa head)."""
+    spec = SpecEngine(target, _proposer(eagle3, vocab, False), None, k=4, eos_token_ids=frozenset())
+    spec.generate(PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=8)
+    tokens, features, _ = windows
+    shards = extract_features(target, tokens[:2].tolist(), tmp_path / "final", progress=False)
+    _, again, aux = load_features(shards)
+    assert aux is None
+    assert torch.equal(again, features[:2])
+
+
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_sampling_with_eagle3_keeps_the_target_distribution(tree, target, vocab, eagle3):
     params = SamplingParams(temperature=0.8)

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specdec.engine.engine import select_target_features
 from specdec.models.eagle3 import unrolled_mask
 from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
 
@@ -82,6 +83,7 @@ def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: b
 
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = []
+    read_layers = (*aux_layers, runner.decoder.config.num_layers) if aux_layers else ()
     bar = tqdm(total=len(chunks), desc="target features", unit="window", disable=not progress, file=sys.stderr)
     for first in range(0, len(chunks), SHARD):
         path = out_dir / f"shard-{first // SHARD:05d}.safetensors"
@@ -95,18 +97,16 @@ def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: b
             ids = torch.tensor([window], device=runner.device)
             positions = torch.arange(len(window), device=runner.device)[None]
             runner.reset()
+            # Chosen before every read: an engine that ran an EAGLE-3 head on this runner left its layers selected.
+            select_target_features(runner, read_layers)
+            try:
+                hidden = runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu()
+            finally:
+                select_target_features(runner, ())
+            size = hidden.shape[-1] // (len(aux_layers or ()) + 1)
             if aux_layers:  # the inner layers' inputs and, last, the final features: one read
-                final = runner.decoder.config.num_layers
-                runner.decoder.capture_layers([*aux_layers, final])
-                try:
-                    hidden = runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu()
-                finally:
-                    runner.decoder.capture_layers(())
-                size = hidden.shape[-1] // (len(aux_layers) + 1)
                 aux.append(hidden[:, :-size])
-                features.append(hidden[:, -size:])
-            else:
-                features.append(runner.forward(ids, positions, last_n_logits=1).hidden[0].to(torch.bfloat16).cpu())
+            features.append(hidden[:, -size:])
             bar.update(1)
         partial = path.with_suffix(".partial")
         tensors = {"tokens": torch.tensor(batch, dtype=torch.int32), "features": torch.stack(features)}
