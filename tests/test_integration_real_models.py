@@ -224,3 +224,35 @@ def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references
     head, vocabulary = load_head_for(target, kind, _quick_head(target, kind, tmp_path_factory))
     proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)  # chains ignore it
     _assert_every_prompt_equal(target, proposer, plain_references, k=4)
+
+
+def test_vllm_serves_an_exported_eagle3_head(qwen_pair, tmp_path_factory):
+    """Train here, serve at scale: an EAGLE-3 head trained on the real target, written by
+    `specdec export-head` in the speculators layout, served by vLLM's CPU build (`make vllm`)
+    with --speculative-config method eagle3 (in float32). vLLM must report accepted draft tokens,
+    and each of its greedy tokens must be the target's argmax under specdec's unquantized float32
+    forward, or trail it by no more than rounding (vLLM's kernels are not specdec's; see
+    bench/vllm_peer.py). On the AVX2 EPYC its output equalled specdec's plain output exactly."""
+    from pathlib import Path
+
+    from specdec.bench.vllm_peer import chat_completion_ids, greedy_agreement, spec_decode_counters, vllm_python, \
+        vllm_server
+    from specdec.cli import main
+
+    target, _ = qwen_pair
+    python = vllm_python(Path(__file__).resolve().parents[1])
+    exported = tmp_path_factory.mktemp("speculators") / "head"
+    assert main(["export-head", "--head", str(_quick_head(target, "eagle3", tmp_path_factory)),
+                 "--out", str(exported), "--speculative-tokens", "3"]) == 0
+    config = '{"method": "eagle3", "model": "%s", "num_speculative_tokens": 3}' % exported
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with vllm_server(target.path, python=python, log_path=log, speculative_config=config) as url:
+        # A quick head is weak on free text; counting is regular enough for it to be right at times.
+        prompts = [*PROMPTS, "Count from 1 to 40, separated by commas, and nothing else."]
+        answers = [chat_completion_ids(url, str(target.path), prompt, max_tokens=64) for prompt in prompts]
+        counters = spec_decode_counters(url)
+    reference = load_model("qwen2.5-coder-1.5b", device="cpu", dtype="float32", quantize="none", progress=False)
+    for prompt, (prompt_ids, output_ids) in zip(prompts, answers):
+        agreement = greedy_agreement(reference.runner, prompt_ids, output_ids)
+        assert agreement.tokens >= 16 and agreement.within(0.05), (prompt, agreement)
+    assert counters["num_draft_tokens"] > 0 and counters["num_accepted_tokens"] > 0, counters

@@ -139,6 +139,18 @@ def _add_ngram_args(parser: argparse.ArgumentParser) -> None:
                             "request's seed (default: recent)")
     ngram.add_argument("--draft-k", type=_positive_int, default=None,
                        help="ngram+draft: at most this many draft-model tokens per step (default: k)")
+    suffix = parser.add_argument_group("suffix decoding (--method suffix)")
+    suffix.add_argument("--suffix-cache-requests", type=_non_negative_int, default=1000, metavar="N",
+                        help="earlier requests whose outputs the shared suffix cache keeps, oldest evicted first "
+                             "(default: 1000; 0 = each request drafts from itself only)")
+    suffix.add_argument("--suffix-max-depth", type=_positive_int, default=24, metavar="D",
+                        help="longest substring counted, hence the longest suffix matched (default: 24, vLLM's)")
+    suffix.add_argument("--suffix-spec-factor", type=float, default=1.0, metavar="F",
+                        help="draft at most ceil(F x the matched suffix's length) tokens, and at most k "
+                             "(default: 1.0, vLLM's): long matches earn long drafts")
+    suffix.add_argument("--suffix-min-prob", type=_probability, default=0.1, metavar="P",
+                        help="draft no token whose estimated probability (the product of its path's "
+                             "continuation frequencies) is below P (default: 0.1, vLLM's)")
 
 
 def _k_value(text: str) -> int | str:
@@ -280,7 +292,16 @@ def _load_models(args, need_draft: bool):
 
 def _proposer_options(args) -> dict:
     return dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                draft_k=args.draft_k, draft_confidence=getattr(args, "draft_confidence", None))
+                draft_k=args.draft_k, draft_confidence=getattr(args, "draft_confidence", None),
+                suffix=suffix_options(args))
+
+
+def suffix_options(args):
+    """--suffix-* as SuffixOptions (validated here, before any model loads)."""
+    from specdec.proposers.suffix import SuffixOptions
+
+    return SuffixOptions(cache_requests=args.suffix_cache_requests, max_depth=args.suffix_max_depth,
+                         spec_factor=args.suffix_spec_factor, min_token_prob=args.suffix_min_prob)
 
 
 def _load_engine(args, method: str, k: int | str):

@@ -5,6 +5,8 @@ cli.py owns the parser and the shared model options; the handlers live here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import platform
 import sys
@@ -202,8 +204,9 @@ def cmd_bench(args, load_models) -> int:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
                        draft_k=args.draft_k, draft_confidence=args.draft_confidence)
-        from specdec.cli import check_head_exists
+        from specdec.cli import check_head_exists, suffix_options
 
+        suffix = suffix_options(args)
         for method in methods:
             check_proposer_options(method, **options)
             check_head_exists(args, method)
@@ -220,14 +223,16 @@ def cmd_bench(args, load_models) -> int:
         heads = {spec.method: head_options(args, spec.method, target) for spec in grid}
         engines = {spec: SpecEngine(target.runner,
                                     build_proposer(spec.method, draft_runner=draft.runner if draft else None,
-                                                   adaptive=spec.k == "auto", **options, **heads[spec.method]),
+                                                   adaptive=spec.k == "auto", **options, suffix=suffix,
+                                                   **heads[spec.method]),
                                     target.tokenizer, k=spec.k or 1, eos_token_ids=target.eos_token_ids,
                                     max_k=args.max_k)
                    for spec in grid}
         run_info = dict(target=args.target, draft=args.draft if need_draft else None, backend=target.backend,
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),
-                        prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, **options)
+                        prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, **options,
+                        suffix=dataclasses.asdict(suffix))
         quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
                          run_info, quality)

@@ -75,6 +75,7 @@ def cmd_serve(args, load_models) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     import uvicorn
 
+    from specdec.cli import suffix_options
     from specdec.server import build_server
 
     target, draft = load_models(args, needs_draft_model(args.method))
@@ -85,7 +86,7 @@ def cmd_serve(args, load_models) -> int:
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, ngram_max=args.ngram_max,
                        ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                       spec_max_batch=spec_max_batch)
+                       suffix=suffix_options(args), spec_max_batch=spec_max_batch)
     drafting = "" if args.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     print(f"specdec: serving {name!r} ({args.method}, k={args.k}, {args.max_batch} rows{drafting}, queue "

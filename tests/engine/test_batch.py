@@ -12,11 +12,13 @@ from specdec.engine.batch import BatchEngine
 from specdec.models.kv_cache import StaticKVCache
 from specdec.proposers import DraftModelProposer, NgramProposer
 from specdec.proposers.registry import build_batch_proposer
+from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 from specdec.sampling import SamplingParams
 
 PROMPTS = ["the quick brown fox", "a", "hello hello hello hello", "abc abc abc, abc abc", "why? because.",
            "one two three four five six seven"]
 SLOTS = 3
+NO_CACHE = SuffixOptions(cache_requests=0)
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +28,16 @@ def models():
 
 def _single(models, tokenizer, method, k=3):
     target, draft = make_native(models[0]), make_native(models[1])
-    proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer()}[method]
+    proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer(),
+                # Chains, as the batched engine drafts; no cache of earlier outputs, whose contents
+                # depend on the order requests finish in (the server's cache: its own test).
+                "suffix": SuffixProposer(options=NO_CACHE, trees=False)}[method]
     return SpecEngine(target, proposer, tokenizer, k=k)
 
 
 def _batched(models, tokenizer, method, k=3, slots=SLOTS):
     target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
-    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft)
+    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
     return BatchEngine(target, proposer, tokenizer, k=k)
 
 
@@ -52,7 +57,7 @@ def run_all(engine: BatchEngine, requests: dict) -> dict:
     return {handle: (out[handle], reasons[handle]) for handle in requests}
 
 
-@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram"])
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "suffix"])
 def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
     single = _single(models, tokenizer, method)
     batched = _batched(models, tokenizer, method)
@@ -65,7 +70,7 @@ def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 def test_batched_seeded_sampling_equals_each_request_alone(models, tokenizer, method):
     """Each row draws from its own generator exactly what it would draw alone, mixed params in one batch."""
     single = _single(models, tokenizer, method)
@@ -90,6 +95,31 @@ def test_batched_sampling_is_lossless(models, tokenizer):
         outcomes[method] = [tuple(tokens) for tokens, _ in run_all(engine, requests).values()]
     result = homogeneity_test(outcomes["draft"], outcomes["autoregressive"])
     assert result.p_value > 1e-3, result
+
+
+def test_batched_suffix_rows_share_one_cache_of_earlier_outputs(models, tokenizer):
+    """Requests that finished teach the rows that run after them; output stays plain greedy."""
+    target = make_native(models[0], batch_size=SLOTS)
+    engine = BatchEngine(target, build_batch_proposer("suffix", slots=SLOTS, suffix=SuffixOptions(cache_requests=8)),
+                         tokenizer, k=4)
+    plain = SpecEngine(make_native(models[0]), None, tokenizer)
+    params, accepted = SamplingParams(temperature=0), []
+    for _ in range(2):
+        requests = {i: engine.make_request(p, params, max_new_tokens=24) for i, p in enumerate(PROMPTS[:SLOTS])}
+        waiting, drafted = list(requests.items()), 0
+        while waiting or engine.running:
+            while waiting and engine.free_slots:
+                engine.add(*waiting.pop(0))
+            drafted += sum(update.accepted for update in engine.step())
+        accepted.append(drafted)
+    for prompt in PROMPTS[:SLOTS]:  # and what the rows wrote is plain greedy output
+        request = engine.make_request(prompt, params, max_new_tokens=24)
+        engine.add("again", request)
+        tokens = []
+        while engine.running:
+            tokens += [t for update in engine.step() for t in update.token_ids]
+        assert tokens == plain.generate(prompt, params, max_new_tokens=24).token_ids
+    assert accepted[1] > accepted[0]
 
 
 def test_stop_strings_and_ignore_eos(tokenizer):

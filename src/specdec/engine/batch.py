@@ -219,7 +219,10 @@ class BatchEngine:
                                      num_draft[b], num_accepted[b]))
             if row.request.finished:
                 finished.append(b)
+        end_row = getattr(self.proposer, "end_row", None)
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
+            if end_row is not None:
+                end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
             self._free(b)
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates

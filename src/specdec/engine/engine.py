@@ -290,6 +290,13 @@ class SpecEngine:
             if kept and not stats.first_token_s:
                 stats.first_token_s = time.perf_counter() - request_started
             yield kept
+        self._end_request(request)
+
+    def _end_request(self, request: Request) -> None:
+        """Tell a proposer that learns across requests (suffix decoding's cache) what was written."""
+        end = getattr(self.proposer, "end_request", None)
+        if end is not None:
+            end(request.prompt_ids, request.generated)
 
     def _next_k(self, context_len: int, remaining: int) -> int:
         if self.adaptive is None:

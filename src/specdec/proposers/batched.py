@@ -81,6 +81,12 @@ class RowwiseProposer:
             if self._proposed[row]:
                 self.rows[row].on_verified(accepted)
 
+    def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """The request in row finished (suffix decoding's shared cache learns its output)."""
+        end = getattr(self.rows[row], "end_request", None)
+        if end is not None:
+            end(prompt_ids, output_ids)
+
     def move_row(self, source: int, destination: int) -> None:
         self.rows[source], self.rows[destination] = self.rows[destination], self.rows[source]
         self._proposed[destination] = self._proposed[source]

@@ -8,6 +8,7 @@ from specdec.proposers.batched import BatchedDraftModelProposer, BatchProposer, 
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
+from specdec.proposers.suffix import SuffixCache, SuffixOptions, SuffixProposer
 
 METHODS = {
     "autoregressive": "plain decoding of the target, one token per forward (Chen et al. Algorithm 1)",
@@ -22,6 +23,8 @@ METHODS = {
               "`specdec train-head --kind eagle3`, or a speculators/vLLM eagle3 directory) drafts a chain of k tokens",
     "eagle3-tree": "the EAGLE-3 head drafts EAGLE-2's dynamic tree, verified in one target pass",
     "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
+    "suffix": "suffix decoding: frequency-scored draft trees from suffix trees over this request and earlier "
+              "requests' outputs (a cache shared across requests); no draft model",
 }
 AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads
 _NEEDS_DRAFT_MODEL = {"draft", "ngram+draft"}
@@ -67,9 +70,9 @@ def needs_draft_model(method: str) -> bool:
 
 def check_proposer_options(
     method: str, *, ngram_max: int = 3, ngram_min: int = 1, ngram_tie_break: str = "recent",
-    draft_k: int | None = None, draft_confidence: float | None = None,
+    draft_k: int | None = None, draft_confidence: float | None = None, suffix: SuffixOptions | None = None,
 ) -> None:
-    """Validate before any model is loaded, so a typo costs no load time."""
+    """Validate before any model is loaded, so a typo costs no load time (SuffixOptions checks itself)."""
     check_method(method)
     check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
     if draft_k is not None and (isinstance(draft_k, bool) or not isinstance(draft_k, int) or draft_k < 1):
@@ -92,6 +95,8 @@ def build_proposer(
     head_vocabulary=None,  # models.heads.FrozenVocabulary: the target's embedding and output head
     tree_size: int | None = None,
     tree_topk: int = 4,
+    suffix: SuffixOptions | None = None,
+    suffix_cache: SuffixCache | None = None,  # shared across engines; default: a new one from `suffix`
 ) -> Proposer | None:
     """None means plain decoding: the engine then drafts nothing.
 
@@ -109,6 +114,8 @@ def build_proposer(
 
     if method == "ngram":
         return ngram()
+    if method == "suffix":
+        return SuffixProposer(suffix_cache, suffix)
     if head_kind(method) is not None:
         return _head_proposer(method, head, head_vocabulary,
                               DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size, tree_topk)
@@ -134,7 +141,7 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 
 
-BATCHED_METHODS = ("autoregressive", "draft", "ngram")  # what the batched engine (the server) runs
+BATCHED_METHODS = ("autoregressive", "draft", "ngram", "suffix")  # what the batched engine (the server) runs
 
 
 def check_batched_method(method: str) -> None:
@@ -152,14 +159,21 @@ def build_batch_proposer(
     ngram_max: int = 3,
     ngram_min: int = 1,
     ngram_tie_break: str = "recent",
+    suffix: SuffixOptions | None = None,
+    suffix_cache: SuffixCache | None = None,
 ) -> BatchProposer | None:
-    """The proposer of engine/batch.py's BatchEngine; None means plain decoding."""
+    """The proposer of engine/batch.py's BatchEngine; None means plain decoding.
+    suffix: every row drafts chains (the batched verifier's shape) from one shared cache."""
     check_batched_method(method)
     check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
     if method == "autoregressive":
         return None
     if method == "ngram":
         return RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
+    if method == "suffix":
+        options = suffix or SuffixOptions()
+        cache = suffix_cache if suffix_cache is not None else options.new_cache()
+        return RowwiseProposer(lambda: SuffixProposer(cache, options, trees=False), slots)
     if draft_runner is None:
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
     if getattr(draft_runner, "batch_size", None) != slots:

@@ -24,12 +24,13 @@ __all__ = ["build_server"]
 def build_server(target_runner, tokenizer, *, name: str, method: str = "draft", k: int = 4, draft_runner=None,
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
                  max_context: int | None = None, default_max_tokens: int = 256, ngram_max: int = 3,
-                 ngram_min: int = 1, ngram_tie_break: str = "recent", spec_max_batch: int | None = None) -> FastAPI:
+                 ngram_min: int = 1, ngram_tie_break: str = "recent", suffix=None, spec_max_batch: int | None = None) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and one method.
 
     slots: requests decoded together (rows of the batch); max_queue: requests that may wait
     for a row before the server answers 429; max_context: cap on prompt + completion tokens;
-    spec_max_batch: draft only while at most this many requests run (None: always).
+    spec_max_batch: draft only while at most this many requests run (None: always);
+    suffix: SuffixOptions for --method suffix, whose cache of earlier outputs all requests share.
     """
     check_batched_method(method)
     for label, value in (("slots", slots), ("k", k), ("default_max_tokens", default_max_tokens)):
@@ -45,7 +46,7 @@ def build_server(target_runner, tokenizer, *, name: str, method: str = "draft", 
             raise ValueError("serving with a draft model needs the draft on the native backend too")
         draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
     proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, ngram_max=ngram_max,
-                                    ngram_min=ngram_min, ngram_tie_break=ngram_tie_break)
+                                    ngram_min=ngram_min, ngram_tie_break=ngram_tie_break, suffix=suffix)
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
     engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch)
     metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)

@@ -1,0 +1,325 @@
+"""Suffix decoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for
+Emerging AI Applications", arXiv 2411.04975; vLLM's `method: "suffix"` via Arctic Inference):
+model-free drafting from suffix trees over the request and over earlier requests' outputs.
+
+Agentic and repetitive workloads (multi-turn edits of one file, tool calls with the same JSON
+schema, SQL over one schema) repeat long spans, both within a request and across requests.
+Prompt lookup (ngram.py) finds the last few tokens once in this request's context and copies
+what followed one occurrence. Suffix decoding counts every continuation of every occurrence:
+
+  SuffixTrie       every substring of length <= max_depth of the texts it holds, as a trie
+                   whose nodes count their occurrences. A request's own trie grows by one
+                   token in O(max_depth) (`extend`); the global trie over earlier requests'
+                   outputs adds and removes whole texts (`add`, `remove`).
+  SuffixCache      the global trie, bounded to the outputs of the last `max_requests`
+                   requests: the oldest is removed (its counts subtracted) when one more
+                   arrives. One cache is shared by every request of an engine or a server.
+  SuffixProposer   the Proposer. It keeps, for the request's context, the trie node of each
+                   of its suffixes of length < max_depth in both tries (`_Cursor`), updated
+                   in O(max_depth) per committed token, so a lookup never walks the history:
+                   its cost does not grow with the context or the cache.
+
+A draft is a tree (`speculate`). From the node of a suffix of length m, children are scored by
+frequency: a node's probability is its parent's times count(child) / count(all children), the
+estimate that the target continues that way. Nodes are taken best first while their probability
+is at least min_token_prob, up to min(max_k, ceil(spec_factor * m)) nodes: a long match is
+strong evidence of repetition and earns a long speculation (the paper's adaptive length). Every
+matched suffix length of both tries proposes a tree; the one with the largest sum of node
+probabilities (its expected accepted tokens under the frequency model) is drafted.
+
+Drafts are point masses (probs None): siblings are tried in order and a rejected token leaves
+the residual (sampling/tree.py), so the output distribution is exactly the target's, and greedy
+output is plain greedy output. A tree with no branching is returned as a chain.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec.proposers.base import DraftProposal, ProposeContext
+
+DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
+DEFAULT_CACHE_REQUESTS = 1000
+DEFAULT_SPEC_FACTOR = 1.0  # vLLM's suffix_decoding_max_spec_factor
+DEFAULT_MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
+
+
+@dataclass(frozen=True)
+class SuffixOptions:
+    """--method suffix's knobs, checked when built (before any model loads)."""
+
+    cache_requests: int = DEFAULT_CACHE_REQUESTS  # earlier outputs in the global trie (0 = this request only)
+    max_depth: int = DEFAULT_MAX_DEPTH  # the longest substring counted, hence the longest match
+    spec_factor: float = DEFAULT_SPEC_FACTOR  # at most ceil(spec_factor x match length) drafted nodes
+    min_token_prob: float = DEFAULT_MIN_TOKEN_PROB  # no node whose estimated probability is lower
+
+    def __post_init__(self) -> None:
+        for name in ("cache_requests", "max_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "cache_requests" else 2):
+                raise ValueError(f"suffix {name.replace('_', ' ')} must be an integer >= "
+                                 f"{0 if name == 'cache_requests' else 2}, got {value!r}")
+        if not self.spec_factor > 0:
+            raise ValueError(f"the suffix spec factor must be > 0, got {self.spec_factor!r}")
+        if not 0 <= self.min_token_prob <= 1:
+            raise ValueError(f"the suffix minimum token probability must lie in [0, 1], got {self.min_token_prob!r}")
+
+    def new_cache(self) -> SuffixCache:
+        return SuffixCache(self.cache_requests, self.max_depth)
+
+
+class _Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, _Node] = {}
+
+
+class SuffixTrie:
+    """Occurrence counts of every substring of length <= max_depth of the texts held.
+
+    The node reached from the root by tokens s counts the occurrences of s; its children are
+    the tokens that followed s, each counted. Adding a text of length n touches n x max_depth
+    nodes; so does removing it (nodes whose count reaches 0 are unlinked).
+    """
+
+    def __init__(self, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 2:
+            raise ValueError(f"max_depth must be an integer >= 2, got {max_depth!r}")
+        self.max_depth = max_depth
+        self.root = _Node()
+        self.nodes = 1  # for the cache's bound and for tests
+        # extend(): the node of each suffix of the text of length 0..max_depth-1 (index = length).
+        self._open: list[_Node] = [self.root]
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        self._update(token_ids, +1)
+
+    def remove(self, token_ids: Sequence[int]) -> None:
+        """Subtract a text added before (the cache's eviction)."""
+        self._update(token_ids, -1)
+
+    def _update(self, token_ids: Sequence[int], sign: int) -> None:
+        tokens = [int(t) for t in token_ids]
+        for start in range(len(tokens)):
+            node = self.root
+            for token in tokens[start: start + self.max_depth]:
+                child = node.children.get(token)
+                if child is None:
+                    if sign < 0:
+                        raise ValueError("removing a text that was not added")
+                    child = node.children[token] = _Node()
+                    self.nodes += 1
+                child.count += sign
+                if child.count == 0:
+                    del node.children[token]
+                    self.nodes -= _size(child)
+                    break  # everything below counted only this text's occurrences
+                node = child
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """Append tokens to the one growing text this trie holds (a request's context):
+        O(max_depth) per token, the suffixes ending at each new token counted."""
+        for token in token_ids:
+            token = int(token)
+            grown = [self.root]
+            for node in self._open:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = _Node()
+                    self.nodes += 1
+                child.count += 1
+                grown.append(child)
+            self._open = grown[: self.max_depth]
+
+    def find(self, pattern: Sequence[int]) -> _Node | None:
+        """The node of `pattern` (a walk from the root), or None where it never occurred."""
+        node = self.root
+        for token in pattern:
+            node = node.children.get(int(token))
+            if node is None:
+                return None
+        return node
+
+
+def _size(node: _Node) -> int:
+    return 1 + sum(_size(child) for child in node.children.values())
+
+
+class SuffixCache:
+    """The global trie over the outputs of the last `max_requests` requests (oldest evicted)."""
+
+    def __init__(self, max_requests: int = DEFAULT_CACHE_REQUESTS, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        self.max_requests = max_requests
+        self.trie = SuffixTrie(max_depth)
+        self.outputs: deque[list[int]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def add(self, output_ids: Sequence[int]) -> None:
+        if self.max_requests == 0 or not output_ids:
+            return
+        output = [int(t) for t in output_ids]
+        self.trie.add(output)
+        self.outputs.append(output)
+        while len(self.outputs) > self.max_requests:
+            self.trie.remove(self.outputs.popleft())
+
+
+@dataclass(frozen=True)
+class SuffixDraft:
+    token_ids: list[int]
+    parents: list[int]  # -1 = the root (the last committed token); topological, siblings best first
+    probs: list[float]  # each node's estimated probability of being reached and accepted
+    match_len: int
+
+    @property
+    def score(self) -> float:  # expected accepted tokens under the frequency model
+        return sum(self.probs)
+
+
+def speculate(node: _Node, match_len: int, max_tokens: int, min_token_prob: float) -> SuffixDraft:
+    """The best-first tree of at most max_tokens nodes under `node` (a matched suffix's node)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    frontier: list[tuple[float, int, int, int, _Node]] = []  # (-probability, tie-break, parent, token, node)
+    order = 0
+
+    def push_children(of: _Node, parent: int, probability: float) -> None:
+        nonlocal order
+        total = sum(child.count for child in of.children.values())
+        for token, child in of.children.items():
+            p = probability * child.count / total
+            if p >= min_token_prob:
+                heapq.heappush(frontier, (-p, order, parent, token, child))
+                order += 1
+
+    push_children(node, -1, 1.0)
+    while frontier and len(tokens) < max_tokens:
+        negative, _, parent, token, child = heapq.heappop(frontier)
+        tokens.append(token)
+        parents.append(parent)
+        probs.append(-negative)
+        push_children(child, len(tokens) - 1, -negative)
+    return SuffixDraft(tokens, parents, probs, match_len)
+
+
+class _Cursor:
+    """The nodes, in a trie that does not change while the request runs (the global one), of
+    the context's suffixes of length 0..max_depth-1 that occur there; O(max_depth) per token."""
+
+    def __init__(self, trie: SuffixTrie) -> None:
+        self.trie = trie
+        self.matches: list[tuple[int, _Node]] = [(0, trie.root)]  # (suffix length, node)
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        depth = self.trie.max_depth
+        for token in token_ids:
+            token = int(token)
+            grown = [(0, self.trie.root)]
+            for length, node in self.matches:
+                child = node.children.get(token)
+                if child is not None and length + 1 < depth:
+                    grown.append((length + 1, child))
+            self.matches = grown
+
+
+class SuffixProposer:
+    """Suffix decoding as a Proposer: point-mass draft trees from this request's trie and the
+    shared cache of earlier outputs.
+
+    >>> cache = SuffixCache(max_requests=1000)
+    >>> engine = SpecEngine(target_runner, SuffixProposer(cache), tokenizer, k=16)
+
+    The engine calls end_request(prompt_ids, output_ids) when a request finishes; its output
+    then joins the cache. trees=False (the batched engine) drafts the best tree's most likely
+    path as a chain.
+    """
+
+    def __init__(self, cache: SuffixCache | None = None, options: SuffixOptions | None = None,
+                 trees: bool = True) -> None:
+        self.options = options or SuffixOptions()
+        self.cache = cache if cache is not None else self.options.new_cache()
+        if self.cache.trie.max_depth != self.options.max_depth:
+            raise ValueError(f"the suffix cache counts substrings up to {self.cache.trie.max_depth} tokens, "
+                             f"the options ask for {self.options.max_depth}")
+        self.trees = trees
+        self.reset()
+
+    def reset(self) -> None:
+        self.local = SuffixTrie(self.options.max_depth)
+        self.cursor = _Cursor(self.cache.trie)
+        self.seen: list[int] = []
+
+    def end_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        self.cache.add(output_ids)
+
+    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        device = ctx.token_ids.device
+        self._catch_up(ctx.token_ids)
+        draft = self.best_draft(max_k)
+        if draft is None or not draft.token_ids:
+            return DraftProposal.empty(1, device)
+        tokens, parents = draft.token_ids, draft.parents
+        if not self.trees:
+            tokens, parents = _best_path(draft)
+        chain = all(parent == index - 1 for index, parent in enumerate(parents))
+        return DraftProposal(
+            token_ids=torch.tensor([tokens], dtype=torch.int64, device=device),  # [1, n]
+            num_tokens=torch.tensor([len(tokens)], dtype=torch.int64, device=device),
+            probs=None,  # point masses
+            parents=None if chain else tuple(parents),
+        )
+
+    def best_draft(self, max_k: int) -> SuffixDraft | None:
+        """The highest-scoring tree over every matched suffix length of both tries."""
+        if max_k < 1:
+            return None
+        best = None
+        local = self.local._open  # local[m]: the node of the context's suffix of length m
+        candidates = [(m, local[m]) for m in range(1, len(local))] + [m for m in self.cursor.matches if m[0] > 0]
+        for match_len, node in candidates:
+            if not node.children:
+                continue
+            budget = min(max_k, math.ceil(self.options.spec_factor * match_len))
+            draft = speculate(node, match_len, budget, self.options.min_token_prob)
+            if draft.token_ids and (best is None or (draft.score, draft.match_len) > (best.score, best.match_len)):
+                best = draft
+        return best
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        pass  # both tries hold committed tokens only; accepted ones arrive with the next context
+
+    def _catch_up(self, token_ids: torch.Tensor) -> None:
+        seen = len(self.seen)
+        context_len = token_ids.shape[1]
+        if seen > context_len or (seen and int(token_ids[0, seen - 1]) != self.seen[-1]):
+            self.reset()  # a shorter or different context: another request (sample_continuations' draws)
+            seen = 0
+        if context_len > seen:
+            new = token_ids[0, seen:].tolist()
+            self.seen += new
+            self.local.extend(new)
+            self.cursor.extend(new)
+
+
+def _best_path(draft: SuffixDraft) -> tuple[list[int], list[int]]:
+    """The chain to the tree's most probable deepest-first path: from the root, always the
+    first (most likely) child."""
+    first_child: dict[int, int] = {}
+    for index, parent in enumerate(draft.parents):
+        first_child.setdefault(parent, index)
+    path, node = [], -1
+    while node in first_child:
+        node = first_child[node]
+        path.append(draft.token_ids[node])
+    return path, list(range(-1, len(path) - 1))
