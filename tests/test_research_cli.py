@@ -140,6 +140,30 @@ def test_bad_input_is_one_line_before_any_model_loads(capsys, argv, message):
     assert code == 2 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["alone", "stream"])
+def test_bench_stream_lets_suffix_decoding_learn_from_earlier_prompts(capsys, model_dirs, tmp_path, stream):
+    """The same request twice: in a stream the second drafts from the first's output (and gets
+    the whole answer accepted); measured alone, both start from an empty cache."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "same", "turns": ["hello there"]})
+                               + "\n" for i in (1, 2)))
+    out = tmp_path / "run"
+    code, text, err = run(capsys, "bench", *_models(model_dirs), "--prompts", str(prompts), "--methods", "suffix",
+                          "--k", "8", "--max-new-tokens", "24", "--per-category", "2", "--out", str(out), "--quiet",
+                          "--no-plots",
+                          *(["--stream"] if stream else []))
+    assert code == 0, err
+    info, rows = read_results(out / "results.jsonl")
+    assert info["stream"] is stream and info["suffix"]["cache_requests"] == 1000
+    suffix = {r["question_id"]: r for r in rows if r["method"] == "suffix"}
+    plain = {r["question_id"]: r for r in rows if r["method"] == "autoregressive"}
+    assert all(suffix[q]["turns"][0]["token_ids"] == plain[q]["turns"][0]["token_ids"] for q in ("q1", "q2"))
+    if stream:
+        assert suffix["q2"]["accepted_tokens"] >= suffix["q1"]["accepted_tokens"] + 5
+    else:
+        assert suffix["q2"]["accepted_tokens"] == suffix["q1"]["accepted_tokens"]
+
+
 def test_bench_with_auto_k_and_lenience_reports_speed_and_quality(capsys, model_dirs, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"question_id": "HumanEval/2", "category": "humaneval",

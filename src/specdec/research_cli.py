@@ -134,6 +134,10 @@ def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, 
     bench.add_argument("--repeats", type=positive_int, default=1, help="runs of each generation (default: 1)")
     bench.add_argument("--max-new-tokens", type=positive_int, default=128, help="per turn (default: 128)")
     bench.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default: 0)")
+    bench.add_argument("--stream", action="store_true",
+                       help="run the prompts in order as one stream of consecutive requests (per repeat and "
+                            "temperature), as a server sees them: suffix decoding's cache keeps what earlier "
+                            "prompts wrote. Default: every generation starts with empty cross-request caches")
     bench.add_argument("--out", default="bench-results", help="results directory (default: bench-results)")
     bench.add_argument("--report-only", action="store_true", help="rebuild the report from OUT; load no model")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -235,7 +239,7 @@ def cmd_bench(args, load_models) -> int:
                         suffix=dataclasses.asdict(suffix))
         quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
-                         run_info, quality)
+                         run_info, quality, stream=args.stream)
         _log(f"bench: {len(prompts)} prompts x {len(grid)} methods x {len(temperatures)} temperatures x "
              f"{args.repeats} repeats -> {results}")
         run_bench(plan, engines, results, progress=not args.quiet)

@@ -26,6 +26,16 @@ def test_the_projects_own_tasks_cover_the_spec_bench_categories():
     assert len(rag) == 3 and all(len(p.turns[0]) > 3300 and "Question:" in p.turns[0] for p in rag)
 
 
+def test_the_agentic_suite_is_series_of_requests_over_shared_artefacts():
+    prompts = load_prompts(["agentic"], None)
+    assert [p.category for p in prompts][:2] == ["multi-edit", "tool-call"]
+    assert {p.category for p in prompts} == {"multi-edit", "tool-call", "sql", "log-summary"}
+    assert len(next(p for p in prompts if p.category == "multi-edit").turns) == 3
+    schema = [p.turns[0].split("Question:")[0] for p in prompts if p.category == "sql"]
+    assert len(schema) == 4 and len(set(schema)) == 1  # one schema, several questions
+    assert len({p.question_id for p in prompts}) == len(prompts)
+
+
 def test_select_spreads_over_a_category():
     prompts = [BenchPrompt(f"q{i}", "c" if i < 8 else "d", ("x",)) for i in range(10)]
     assert [p.question_id for p in select(prompts, 2)] == ["q0", "q4", "q8", "q9"]

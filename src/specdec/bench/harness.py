@@ -66,6 +66,10 @@ class BenchPlan:
     seed: int = 0
     run_info: dict = field(default_factory=dict)  # models, backend, machine: stored with the rows
     quality: bool = False  # score every answer under the target (and run HumanEval's tests): bench/quality.py
+    # False: every generation starts with empty cross-request caches (suffix decoding's), so a row
+    # measures one request alone. True: each (repeat, temperature) pass runs the prompts in order as
+    # one stream of consecutive requests, as a server sees them: what earlier prompts wrote counts.
+    stream: bool = False
 
     def __post_init__(self) -> None:
         if any(t < 0 for t in self.temperatures) or not self.temperatures:
@@ -76,6 +80,9 @@ class BenchPlan:
             raise ValueError("no prompts to run")
 
     def jobs(self) -> list[tuple[BenchPrompt, int, float, MethodSpec]]:
+        if self.stream:
+            return [(prompt, repeat, temperature, spec) for repeat in range(self.repeats)
+                    for temperature in self.temperatures for prompt in self.prompts for spec in self.methods]
         return [(prompt, repeat, temperature, spec) for prompt in self.prompts for repeat in range(self.repeats)
                 for temperature in self.temperatures for spec in self.methods]
 
@@ -173,9 +180,10 @@ def run_bench(plan: BenchPlan, engines: dict[MethodSpec, SpecEngine], out_path: 
     out_path = Path(out_path)
     info, rows = read_results(out_path)
     run_info = {"kind": "run", "version": RESULTS_VERSION, "max_new_tokens": plan.max_new_tokens,
-                "top_p": plan.top_p, "seed": plan.seed, "python": platform.python_version(), **plan.run_info}
+                "top_p": plan.top_p, "seed": plan.seed, "stream": plan.stream, "python": platform.python_version(),
+                **plan.run_info}
     if info:
-        for name in ("target", "draft", "backend", "max_new_tokens", "top_p", "seed"):
+        for name in ("target", "draft", "backend", "max_new_tokens", "top_p", "seed", "stream"):
             if name in info and name in run_info and info[name] != run_info[name]:
                 raise ValueError(f"{out_path} was recorded with {name}={info[name]!r}, not {run_info[name]!r}; "
                                  "pass another --out to start a new results file")
@@ -192,7 +200,13 @@ def run_bench(plan: BenchPlan, engines: dict[MethodSpec, SpecEngine], out_path: 
             engine.generate(_chat_ids(engine.tokenizer, [{"role": "user", "content": "Say hi."}]), warm,
                             max_new_tokens=8)
         bar = tqdm(pending, desc="bench", unit="gen", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+        stream_pass = None
         for prompt, repeat, temperature, spec in bar:
+            # A resumed stream restarts its pass's caches at the first pending prompt.
+            if not plan.stream or stream_pass != (repeat, temperature):
+                for engine in (engines.values() if plan.stream else [engines[spec]]):
+                    engine.forget_earlier_requests()
+                stream_pass = (repeat, temperature)
             params = SamplingParams(temperature=temperature, top_p=plan.top_p if temperature > 0 else 1.0,
                                     lenience=spec.lenience)
             row = dict(kind="generation", question_id=prompt.question_id, category=prompt.category,

@@ -9,6 +9,8 @@ Sources (Spec-Bench, Xia et al. 2024, arXiv 2401.07851, groups tasks the same wa
              over a given text, retrieval-style QA, translation, math word problems,
              and long-context questions over ~800 tokens of source code (rag);
   free, code the open-generation and write-a-function suites of bench/suites.py;
+  agentic    repetitive series of requests (multi-turn edits of one file, tool calls with one
+             schema, SQL over one schema, log summaries): bench/agentic.py, run with --stream;
   a path     your own JSONL, one {"question_id", "category", "turns": [...]} per line.
 
 Both packages carry only data here:
@@ -156,12 +158,25 @@ def _numbered(prefix: str, pairs: list[tuple[str, str]]) -> list[BenchPrompt]:
     return prompts
 
 
+def agentic() -> list[BenchPrompt]:
+    """bench/agentic.py's series of repetitive requests (run with --stream)."""
+    from specdec.bench.agentic import agentic_prompts
+
+    counts: dict[str, int] = {}
+    prompts = []
+    for category, turns in agentic_prompts():
+        counts[category] = counts.get(category, 0) + 1
+        prompts.append(BenchPrompt(f"agentic/{category}-{counts[category]}", category, turns))
+    return prompts
+
+
 PROMPT_SETS = {
     "humaneval": humaneval,
     "mt-bench": mt_bench,
     "specdec": written,
     "free": lambda: _numbered("free", SUITES["free"]),
     "code": lambda: _numbered("code", SUITES["code"]),
+    "agentic": agentic,
 }
 DEFAULT_SETS = ("humaneval", "mt-bench", "specdec")
 

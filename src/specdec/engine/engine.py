@@ -292,6 +292,13 @@ class SpecEngine:
             yield kept
         self._end_request(request)
 
+    def forget_earlier_requests(self) -> None:
+        """Empty what the proposer learned from earlier requests (suffix decoding's cache), so the
+        next request runs as if it were the first (the bench measures requests alone this way)."""
+        forget = getattr(self.proposer, "forget_earlier_requests", None)
+        if forget is not None:
+            forget()
+
     def _end_request(self, request: Request) -> None:
         """Tell a proposer that learns across requests (suffix decoding's cache) what was written."""
         end = getattr(self.proposer, "end_request", None)

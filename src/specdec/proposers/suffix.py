@@ -164,6 +164,10 @@ class SuffixCache:
     def __len__(self) -> int:
         return len(self.outputs)
 
+    def clear(self) -> None:
+        self.trie = SuffixTrie(self.trie.max_depth)
+        self.outputs.clear()
+
     def add(self, output_ids: Sequence[int]) -> None:
         if self.max_requests == 0 or not output_ids:
             return
@@ -262,6 +266,10 @@ class SuffixProposer:
 
     def end_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         self.cache.add(output_ids)
+
+    def forget_earlier_requests(self) -> None:
+        self.cache.clear()
+        self.reset()
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         device = ctx.token_ids.device
