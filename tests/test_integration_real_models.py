@@ -124,17 +124,20 @@ def _assert_every_prompt_equal(target, proposer, plain_references, k):
     assert accepted > 0  # speculation really happened
 
 
-@pytest.mark.parametrize("method,k", [("draft", 4), ("draft", "auto"), ("ngram", 8), ("ngram+draft", 8)])
+@pytest.mark.parametrize("method,k", [("draft", 4), ("draft", "auto"), ("ngram", 8), ("ngram+draft", 8),
+                                      ("suffix", 8), ("suffix", "auto"), ("lookahead", 4)])
 def test_real_pair_greedy_speculative_equals_plain_for_every_method(qwen_pair, plain_references, method, k):
     from specdec.proposers.registry import build_proposer
 
     target, draft = qwen_pair
     check_same_vocabulary(target.tokenizer, draft.tokenizer)
+    # suffix: the 8 prompts run one after another through one engine, so later ones also draft
+    # from the earlier ones' outputs (its cache shared across requests).
     proposer = build_proposer(method, draft_runner=draft.runner, draft_k=4, adaptive=k == "auto")
     _assert_every_prompt_equal(target, proposer, plain_references, k)
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_references, method):
     """8 requests decoded side by side in one batched engine (ragged lengths, the long prompt among
     them): each one's output is its plain greedy output alone."""

@@ -27,6 +27,7 @@ examples:
   specdec generate --method ngram -k 8 --chat "Rename x to total in: def f(x): return x + 1"
   specdec generate --temperature 0.7 --lenience 0.5 --chat "Write a haiku."   # LOSSY: faster, not exact
   specdec generate --method ngram+draft -k 8 --draft-k 4 --chat "Summarise: ..."
+  specdec generate --method suffix -k 8 --chat "..."   # suffix trees over this and earlier requests
   specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
   specdec train-head --kind eagle && specdec generate --method eagle-tree --stats --chat "..."
   specdec train-head --kind eagle3 --self-distill 160 && specdec generate --method eagle3 --chat "..."
@@ -140,14 +141,24 @@ def _add_ngram_args(parser: argparse.ArgumentParser) -> None:
     ngram.add_argument("--draft-k", type=_positive_int, default=None,
                        help="ngram+draft: at most this many draft-model tokens per step (default: k)")
     suffix = parser.add_argument_group("suffix decoding (--method suffix)")
-    suffix.add_argument("--suffix-cache-requests", type=_non_negative_int, default=1000, metavar="N",
+    suffix.add_argument("--suffix-cache-requests", type=_non_negative_int, default=100, metavar="N",
                         help="earlier requests whose outputs the shared suffix cache keeps, oldest evicted first "
-                             "(default: 1000; 0 = each request drafts from itself only)")
+                             "(default: 100; 0 = each request drafts from itself only). Memory: about 5 KB per "
+                             "cached token (120 MB for 100 answers of 256 tokens)")
     suffix.add_argument("--suffix-max-depth", type=_positive_int, default=24, metavar="D",
                         help="longest substring counted, hence the longest suffix matched (default: 24, vLLM's)")
     suffix.add_argument("--suffix-spec-factor", type=float, default=1.0, metavar="F",
                         help="draft at most ceil(F x the matched suffix's length) tokens, and at most k "
                              "(default: 1.0, vLLM's): long matches earn long drafts")
+    lookahead = parser.add_argument_group("lookahead decoding (--method lookahead)")
+    lookahead.add_argument("--lookahead-window", type=_positive_int, default=4, metavar="W",
+                           help="columns of the Jacobi window the target guesses ahead on (default: 4)")
+    lookahead.add_argument("--lookahead-ngram", type=_positive_int, default=3, metavar="N",
+                           help="length of the n-grams collected from the window, >= 2; N-1 levels of W guesses "
+                                "ride along each step (default: 3)")
+    lookahead.add_argument("--lookahead-guesses", type=_positive_int, default=3, metavar="G",
+                           help="pool n-grams verified per step, as a tree (default: 3). Every token costs: "
+                                "(N-1) x W + up to G x (N-1) tokens join each target forward")
     suffix.add_argument("--suffix-min-prob", type=_probability, default=0.1, metavar="P",
                         help="draft no token whose estimated probability (the product of its path's "
                              "continuation frequencies) is below P (default: 0.1, vLLM's)")
@@ -293,7 +304,13 @@ def _load_models(args, need_draft: bool):
 def _proposer_options(args) -> dict:
     return dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
                 draft_k=args.draft_k, draft_confidence=getattr(args, "draft_confidence", None),
-                suffix=suffix_options(args))
+                suffix=suffix_options(args), lookahead=lookahead_options(args))
+
+
+def lookahead_options(args):
+    from specdec.proposers.lookahead import LookaheadOptions
+
+    return LookaheadOptions(window=args.lookahead_window, ngram=args.lookahead_ngram, guesses=args.lookahead_guesses)
 
 
 def suffix_options(args):

@@ -17,6 +17,7 @@ examples:
   specdec bench                                   # draft, ngram, ngram+draft at k=4, greedy, 1 prompt/category
   specdec bench --methods draft,ngram --k 1,2,3,4,6,8 --temperature 0,0.7 --repeats 3 --per-category 2
   specdec bench --methods draft --k 2,3,4,auto --temperature 0,0.7        # adaptive k against fixed k
+  specdec bench --prompts agentic --stream --methods ngram,suffix --k auto,8   # agent traffic, as a server sees it
   specdec bench --methods draft --k 4 --lenience 1,0.5,0.2 --temperature 0.7 --prompts humaneval \
                 --per-category 10 --max-new-tokens 256                    # lossy speed vs quality drift
   specdec bench --prompts my_prompts.jsonl --out my-run      # your prompts, Spec-Bench format
@@ -208,9 +209,9 @@ def cmd_bench(args, load_models) -> int:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
                        draft_k=args.draft_k, draft_confidence=args.draft_confidence)
-        from specdec.cli import check_head_exists, suffix_options
+        from specdec.cli import check_head_exists, lookahead_options, suffix_options
 
-        suffix = suffix_options(args)
+        suffix, lookahead = suffix_options(args), lookahead_options(args)
         for method in methods:
             check_proposer_options(method, **options)
             check_head_exists(args, method)
@@ -227,7 +228,7 @@ def cmd_bench(args, load_models) -> int:
         heads = {spec.method: head_options(args, spec.method, target) for spec in grid}
         engines = {spec: SpecEngine(target.runner,
                                     build_proposer(spec.method, draft_runner=draft.runner if draft else None,
-                                                   adaptive=spec.k == "auto", **options, suffix=suffix,
+                                                   adaptive=spec.k == "auto", **options, suffix=suffix, lookahead=lookahead,
                                                    **heads[spec.method]),
                                     target.tokenizer, k=spec.k or 1, eos_token_ids=target.eos_token_ids,
                                     max_k=args.max_k)
@@ -236,7 +237,7 @@ def cmd_bench(args, load_models) -> int:
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),
                         prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, **options,
-                        suffix=dataclasses.asdict(suffix))
+                        suffix=dataclasses.asdict(suffix), lookahead=dataclasses.asdict(lookahead))
         quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
                          run_info, quality, stream=args.stream)

@@ -81,10 +81,10 @@ def test_cursors_hold_the_node_of_every_suffix_that_occurs(history, context, max
     for token in context:
         cursor.extend([token])
         local.extend([token])
-    expected = [(m, trie.find(context[len(context) - m:]) if m else trie.root) for m in range(min(len(context), max_depth - 1) + 1)]
+    lengths = range(min(len(context), max_depth - 1) + 1)
+    expected = [(m, trie.find(context[len(context) - m:]) if m else trie.root) for m in lengths]
     assert cursor.matches == [(m, node) for m, node in expected if node is not None]
-    assert local._open == [local.find(context[len(context) - m:]) if m else local.root
-                           for m in range(min(len(context), max_depth - 1) + 1)]
+    assert local._open == [local.find(context[len(context) - m:]) if m else local.root for m in lengths]
 
 
 def test_the_cache_keeps_the_last_requests_only():

@@ -28,7 +28,7 @@ from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, check_generation_options, encode_prompt
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
-from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, Proposer
 from specdec.sampling.params import SamplingParams
 from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
 from specdec.sampling.tree import TreeVerifyResult, greedy_verify_tree, sample_verify_tree, tree_attention_mask, \
@@ -77,6 +77,19 @@ def verify_tree_step(
         return greedy_verify_tree(tokens, parents, target_logits[0].argmax(dim=-1).tolist())
     draft_probs = None if proposal.probs is None else proposal.probs[0]
     return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
+
+
+def _with_lookahead(inputs: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor,
+                    lookahead: LookaheadInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Append a proposer's lookahead tokens after the drafts: they see the root and what their
+    own mask allows, the drafts never see them, and they never see the drafts."""
+    n, m = inputs.shape[1], lookahead.token_ids.shape[1]
+    full = torch.zeros(n + m, n + m, dtype=torch.bool, device=mask.device)
+    full[:n, :n] = mask
+    full[n:, 0] = True
+    full[n:, n:] = lookahead.mask.to(mask.device)
+    return (torch.cat([inputs, lookahead.token_ids.to(inputs.device)], dim=1),
+            torch.cat([depths, lookahead.offsets.to(depths.device)]), full)
 
 
 def verifies_as_chain(params: SamplingParams) -> bool:
@@ -362,16 +375,22 @@ class SpecEngine:
         proposed = time.perf_counter()
 
         # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k
-        #    (a tree: at L-1 + depth, each node seeing only its ancestors).
+        #    (a tree: at L-1 + depth, each node seeing only its ancestors; lookahead tokens after them).
         inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
-        if proposal.parents is None:
+        lookahead = proposal.lookahead
+        if proposal.parents is None and lookahead is None:
             positions = torch.arange(context_len - 1, context_len + k, device=device)[None]
             output = self.target.forward(inputs, positions)
         else:
-            depths = torch.tensor([0, *tree_depths(proposal.parents)], device=device)
-            output = self.target.forward(inputs, (context_len - 1 + depths)[None],
-                                         among_new=tree_attention_mask(proposal.parents, device)[None])
-        target_logits = output.logits  # [1, k+1, V]
+            parents = proposal.parents if proposal.parents is not None else tuple(range(-1, k - 1))
+            depths = torch.tensor([0, *tree_depths(parents)], device=device)
+            mask = tree_attention_mask(parents, device)
+            if lookahead is not None:
+                inputs, depths, mask = _with_lookahead(inputs, depths, mask, lookahead)
+            output = self.target.forward(inputs, (context_len - 1 + depths)[None], among_new=mask[None])
+        target_logits = output.logits[:, : k + 1]  # [1, k+1, V]
+        if lookahead is not None:
+            self.proposer.read_lookahead(output.logits[0, k + 1:])
 
         # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
         #    drafts; the new final token is not cached yet (it opens the next step).

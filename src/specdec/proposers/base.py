@@ -11,6 +11,19 @@ from specdec.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)
+class LookaheadInputs:
+    """Extra tokens a proposer asks the target to read in the verification forward without
+    verifying them (lookahead decoding's Jacobi window): placed after the drafts, at the root's
+    position + offsets, seeing the root and, among themselves, what mask allows; never the
+    drafts, and the drafts never them. Their logits go to the proposer's read_lookahead();
+    their cache entries are dropped with the step's rollback."""
+
+    token_ids: torch.Tensor  # [1, m] int64
+    offsets: torch.Tensor  # [m] positions after the root's (>= 1)
+    mask: torch.Tensor  # [m, m] bool: which of these tokens each one sees (itself included)
+
+
+@dataclass(frozen=True)
 class DraftProposal:
     token_ids: torch.Tensor  # [B, k] int64, padded with -1
     num_tokens: torch.Tensor  # [B] int64; 0 means "no draft"
@@ -18,6 +31,7 @@ class DraftProposal:
     # A tree instead of a chain (one row only): parents[i] is node i's parent, -1 = the
     # root (the last committed token); topological order (sampling/tree.py). None = a chain.
     parents: tuple[int, ...] | None = None
+    lookahead: LookaheadInputs | None = None  # one row only
 
     @staticmethod
     def empty(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftProposal:

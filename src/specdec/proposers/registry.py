@@ -7,6 +7,7 @@ from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchedDraftModelProposer, BatchProposer, RowwiseProposer
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
+from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
 from specdec.proposers.suffix import SuffixCache, SuffixOptions, SuffixProposer
 
@@ -23,6 +24,8 @@ METHODS = {
               "`specdec train-head --kind eagle3`, or a speculators/vLLM eagle3 directory) drafts a chain of k tokens",
     "eagle3-tree": "the EAGLE-3 head drafts EAGLE-2's dynamic tree, verified in one target pass",
     "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
+    "lookahead": "lookahead decoding: the target itself guesses n-grams by Jacobi iteration over a window of "
+                 "guesses, in the same forward that verifies earlier ones; no draft model (native backend)",
     "suffix": "suffix decoding: frequency-scored draft trees from suffix trees over this request and earlier "
               "requests' outputs (a cache shared across requests); no draft model",
 }
@@ -71,6 +74,7 @@ def needs_draft_model(method: str) -> bool:
 def check_proposer_options(
     method: str, *, ngram_max: int = 3, ngram_min: int = 1, ngram_tie_break: str = "recent",
     draft_k: int | None = None, draft_confidence: float | None = None, suffix: SuffixOptions | None = None,
+    lookahead: LookaheadOptions | None = None,
 ) -> None:
     """Validate before any model is loaded, so a typo costs no load time (SuffixOptions checks itself)."""
     check_method(method)
@@ -97,6 +101,7 @@ def build_proposer(
     tree_topk: int = 4,
     suffix: SuffixOptions | None = None,
     suffix_cache: SuffixCache | None = None,  # shared across engines; default: a new one from `suffix`
+    lookahead: LookaheadOptions | None = None,
 ) -> Proposer | None:
     """None means plain decoding: the engine then drafts nothing.
 
@@ -116,6 +121,8 @@ def build_proposer(
         return ngram()
     if method == "suffix":
         return SuffixProposer(suffix_cache, suffix)
+    if method == "lookahead":
+        return LookaheadProposer(lookahead)
     if head_kind(method) is not None:
         return _head_proposer(method, head, head_vocabulary,
                               DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size, tree_topk)

@@ -45,7 +45,10 @@ import torch
 from specdec.proposers.base import DraftProposal, ProposeContext
 
 DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
-DEFAULT_CACHE_REQUESTS = 1000
+# The tries are Python objects, about 4.7 KB per cached output token at depth 24 (measured:
+# 120 MB for 100 outputs of 256 tokens, benchmarks/suffix_microbench.py), so the default cache
+# is smaller than vLLM's 10,000 requests (path-compressed C++ trees there).
+DEFAULT_CACHE_REQUESTS = 100
 DEFAULT_SPEC_FACTOR = 1.0  # vLLM's suffix_decoding_max_spec_factor
 DEFAULT_MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
 
@@ -241,7 +244,7 @@ class SuffixProposer:
     """Suffix decoding as a Proposer: point-mass draft trees from this request's trie and the
     shared cache of earlier outputs.
 
-    >>> cache = SuffixCache(max_requests=1000)
+    >>> cache = SuffixCache(max_requests=100)
     >>> engine = SpecEngine(target_runner, SuffixProposer(cache), tokenizer, k=16)
 
     The engine calls end_request(prompt_ids, output_ids) when a request finishes; its output
