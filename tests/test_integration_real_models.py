@@ -268,4 +268,6 @@ def test_vllm_serves_an_exported_eagle3_head(qwen_pair, tmp_path_factory):
     for prompt, (prompt_ids, output_ids) in zip(prompts, answers):
         agreement = greedy_agreement(reference.runner, prompt_ids, output_ids)
         assert agreement.tokens >= 16 and agreement.within(0.05), (prompt, agreement)
-    assert counters["num_draft_tokens"] > 0 and counters["num_accepted_tokens"] > 0, counters
+    # 28% of 141 drafts were accepted on the AVX2 EPYC (specdec's rate for such a head is similar).
+    assert counters["num_draft_tokens"] > 0, counters
+    assert counters["num_accepted_tokens"] >= 0.05 * counters["num_draft_tokens"], counters
