@@ -76,6 +76,20 @@ def test_completion_is_the_targets_greedy_output_with_speculative_stats(client, 
         response.usage.completion_tokens / spec["target_forwards"], abs=1e-3)
 
 
+def test_a_suffix_server_shares_its_cache_across_requests(reference):
+    """--method suffix: the second of two requests drafts from what the first wrote, output unchanged."""
+    prompt = "hello there, how are"
+    expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40)
+    with serve(tiny_app(method="suffix", k=4, slots=2)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        answers = [client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, temperature=0)
+                   for _ in range(2)]
+    assert [answer.choices[0].text for answer in answers] == [expected.text] * 2
+    first, second = (answer.model_extra["speculative"] for answer in answers)
+    assert first["method"] == "suffix"
+    assert second["accepted_tokens"] > first["accepted_tokens"] and second["target_forwards"] < 20
+
+
 def test_token_id_prompts_and_default_max_tokens(client, reference):
     ids = chat_tokenizer()("hello world")["input_ids"]
     response = client.completions.create(model=MODEL_NAME, prompt=ids, temperature=0, extra_body={"ignore_eos": True})
