@@ -70,7 +70,7 @@ def bench(context_len: int, cache_requests: int, steps: int, max_k: int, per_ste
                 p90_step_us=statistics.quantiles(times, n=10)[-1] * 1e6,
                 prompt_us_per_token=prompt_s / context_len * 1e6,
                 cache_ms_per_request=cache_s / max(cache_requests, 1) * 1e3,
-                local_nodes=proposer.local.nodes, cache_nodes=proposer.cache.trie.nodes,
+                local_nodes=proposer.local.node_count(), cache_nodes=proposer.cache.trie.node_count(),
                 drafted_per_step=drafted / steps)
 
 

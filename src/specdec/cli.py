@@ -141,10 +141,10 @@ def _add_ngram_args(parser: argparse.ArgumentParser) -> None:
     ngram.add_argument("--draft-k", type=_positive_int, default=None,
                        help="ngram+draft: at most this many draft-model tokens per step (default: k)")
     suffix = parser.add_argument_group("suffix decoding (--method suffix)")
-    suffix.add_argument("--suffix-cache-requests", type=_non_negative_int, default=100, metavar="N",
+    suffix.add_argument("--suffix-cache-requests", type=_non_negative_int, default=500, metavar="N",
                         help="earlier requests whose outputs the shared suffix cache keeps, oldest evicted first "
-                             "(default: 100; 0 = each request drafts from itself only). Memory: about 5 KB per "
-                             "cached token (120 MB for 100 answers of 256 tokens)")
+                             "(default: 500; 0 = each request drafts from itself only). Memory: about 1 KB per "
+                             "cached token (25 MB for 100 answers of 256 tokens)")
     suffix.add_argument("--suffix-max-depth", type=_positive_int, default=24, metavar="D",
                         help="longest substring counted, hence the longest suffix matched (default: 24, vLLM's)")
     suffix.add_argument("--suffix-spec-factor", type=float, default=1.0, metavar="F",

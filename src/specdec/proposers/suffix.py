@@ -45,10 +45,10 @@ import torch
 from specdec.proposers.base import DraftProposal, ProposeContext
 
 DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
-# The tries are Python objects, about 4.7 KB per cached output token at depth 24 (measured:
-# 120 MB for 100 outputs of 256 tokens, benchmarks/suffix_microbench.py), so the default cache
-# is smaller than vLLM's 10,000 requests (path-compressed C++ trees there).
-DEFAULT_CACHE_REQUESTS = 100
+# The cache's trie is Python objects with path-compressed leaves: about 1 KB per cached output
+# token at depth 24 (25 MB for 100 outputs of 256 tokens, benchmarks/suffix_microbench.py; 5 KB
+# before the compression), so the default holds fewer requests than vLLM's 10,000 (C++ there).
+DEFAULT_CACHE_REQUESTS = 500
 DEFAULT_SPEC_FACTOR = 1.0  # vLLM's suffix_decoding_max_spec_factor
 DEFAULT_MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
 
@@ -78,19 +78,34 @@ class SuffixOptions:
 
 
 class _Node:
-    __slots__ = ("count", "children")
+    """A trie node. `tail` = (tokens, start, end) stands for a chain of descendants seen once,
+    tokens[start:end], each with count 1, not yet built (a path-compressed leaf): a text added
+    to the cache creates one node per suffix where it leaves the known paths, not max_depth."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    __slots__ = ("count", "children", "tail")
+
+    def __init__(self, count: int = 0, tail: tuple[list[int], int, int] | None = None) -> None:
+        self.count = count
         self.children: dict[int, _Node] = {}
+        self.tail = tail
+
+    def kids(self) -> dict[int, _Node]:
+        """The children, the first node of an implicit chain built on demand."""
+        if self.tail is not None:
+            tokens, start, end = self.tail
+            self.tail = None
+            # A tail stands for one occurrence (any second one expands it on the way through).
+            self.children[tokens[start]] = _Node(1, (tokens, start + 1, end) if start + 1 < end else None)
+        return self.children
 
 
 class SuffixTrie:
     """Occurrence counts of every substring of length <= max_depth of the texts held.
 
     The node reached from the root by tokens s counts the occurrences of s; its children are
-    the tokens that followed s, each counted. Adding a text of length n touches n x max_depth
-    nodes; so does removing it (nodes whose count reaches 0 are unlinked).
+    the tokens that followed s, each counted. Adding a text of length n walks n x max_depth
+    steps at most, but builds a node only until each suffix leaves the paths already known (the
+    rest stays an implicit chain, _Node.tail); removing it unlinks the nodes whose count reaches 0.
     """
 
     def __init__(self, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
@@ -98,32 +113,34 @@ class SuffixTrie:
             raise ValueError(f"max_depth must be an integer >= 2, got {max_depth!r}")
         self.max_depth = max_depth
         self.root = _Node()
-        self.nodes = 1  # for the cache's bound and for tests
         # extend(): the node of each suffix of the text of length 0..max_depth-1 (index = length).
         self._open: list[_Node] = [self.root]
 
     def add(self, token_ids: Sequence[int]) -> None:
-        self._update(token_ids, +1)
+        tokens = [int(t) for t in token_ids]
+        for start in range(len(tokens)):
+            node, end = self.root, min(start + self.max_depth, len(tokens))
+            for position in range(start, end):
+                child = node.kids().get(tokens[position])
+                if child is None:  # the suffix leaves the known paths: the rest is a chain seen once
+                    node.children[tokens[position]] = _Node(1, (tokens, position + 1, end)
+                                                            if position + 1 < end else None)
+                    break
+                child.count += 1
+                node = child
 
     def remove(self, token_ids: Sequence[int]) -> None:
         """Subtract a text added before (the cache's eviction)."""
-        self._update(token_ids, -1)
-
-    def _update(self, token_ids: Sequence[int], sign: int) -> None:
         tokens = [int(t) for t in token_ids]
         for start in range(len(tokens)):
             node = self.root
             for token in tokens[start: start + self.max_depth]:
-                child = node.children.get(token)
+                child = node.kids().get(token)
                 if child is None:
-                    if sign < 0:
-                        raise ValueError("removing a text that was not added")
-                    child = node.children[token] = _Node()
-                    self.nodes += 1
-                child.count += sign
+                    raise ValueError("removing a text that was not added")
+                child.count -= 1
                 if child.count == 0:
                     del node.children[token]
-                    self.nodes -= _size(child)
                     break  # everything below counted only this text's occurrences
                 node = child
 
@@ -137,7 +154,6 @@ class SuffixTrie:
                 child = node.children.get(token)
                 if child is None:
                     child = node.children[token] = _Node()
-                    self.nodes += 1
                 child.count += 1
                 grown.append(child)
             self._open = grown[: self.max_depth]
@@ -146,14 +162,29 @@ class SuffixTrie:
         """The node of `pattern` (a walk from the root), or None where it never occurred."""
         node = self.root
         for token in pattern:
-            node = node.children.get(int(token))
+            node = node.kids().get(int(token))
             if node is None:
                 return None
         return node
 
+    def counts(self) -> dict[tuple[int, ...], int]:
+        """Every substring held and its count (implicit chains included): for tests and debugging."""
+        counts, stack = {}, [((), self.root)]
+        while stack:
+            path, node = stack.pop()
+            for token, child in node.kids().items():
+                counts[path + (token,)] = child.count
+                stack.append((path + (token,), child))
+        return counts
 
-def _size(node: _Node) -> int:
-    return 1 + sum(_size(child) for child in node.children.values())
+    def node_count(self) -> int:
+        """Nodes built (implicit chains not), the root included: what the trie costs in memory."""
+        total, stack = 0, [self.root]
+        while stack:
+            node = stack.pop()
+            total += 1
+            stack.extend(node.children.values())
+        return total
 
 
 class SuffixCache:
@@ -203,8 +234,9 @@ def speculate(node: _Node, match_len: int, max_tokens: int, min_token_prob: floa
 
     def push_children(of: _Node, parent: int, probability: float) -> None:
         nonlocal order
-        total = sum(child.count for child in of.children.values())
-        for token, child in of.children.items():
+        children = of.kids()
+        total = sum(child.count for child in children.values())
+        for token, child in children.items():
             p = probability * child.count / total
             if p >= min_token_prob:
                 heapq.heappush(frontier, (-p, order, parent, token, child))
@@ -234,7 +266,7 @@ class _Cursor:
             token = int(token)
             grown = [(0, self.trie.root)]
             for length, node in self.matches:
-                child = node.children.get(token)
+                child = node.kids().get(token)
                 if child is not None and length + 1 < depth:
                     grown.append((length + 1, child))
             self.matches = grown
@@ -244,7 +276,7 @@ class SuffixProposer:
     """Suffix decoding as a Proposer: point-mass draft trees from this request's trie and the
     shared cache of earlier outputs.
 
-    >>> cache = SuffixCache(max_requests=100)
+    >>> cache = SuffixCache(max_requests=500)
     >>> engine = SpecEngine(target_runner, SuffixProposer(cache), tokenizer, k=16)
 
     The engine calls end_request(prompt_ids, output_ids) when a request finishes; its output
@@ -299,7 +331,7 @@ class SuffixProposer:
         local = self.local._open  # local[m]: the node of the context's suffix of length m
         candidates = [(m, local[m]) for m in range(1, len(local))] + [m for m in self.cursor.matches if m[0] > 0]
         for match_len, node in candidates:
-            if not node.children:
+            if not node.kids():
                 continue
             budget = min(max_k, math.ceil(self.options.spec_factor * match_len))
             draft = speculate(node, match_len, budget, self.options.min_token_prob)
