@@ -28,6 +28,7 @@ examples:
   specdec generate --temperature 0.7 --lenience 0.5 --chat "Write a haiku."   # LOSSY: faster, not exact
   specdec generate --method ngram+draft -k 8 --draft-k 4 --chat "Summarise: ..."
   specdec generate --method suffix -k 8 --chat "..."   # suffix trees over this and earlier requests
+  specdec generate --method lookahead --chat "..."    # the target guesses ahead for itself (pays on GPUs)
   specdec generate --target ./my-llama-3b --draft ./my-llama-1b -k 6 --json "Hello"
   specdec train-head --kind eagle && specdec generate --method eagle-tree --stats --chat "..."
   specdec train-head --kind eagle3 --self-distill 160 && specdec generate --method eagle3 --chat "..."
