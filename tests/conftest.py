@@ -49,6 +49,15 @@ def make_model(seed: int, family: str = "qwen2", layers: int = 2, hidden: int = 
     return model.eval()
 
 
+def make_peaked_model(seed: int, layers: int = 2) -> torch.nn.Module:
+    """make_model with top-1 mass ~0.3-0.4, like a real LM's on prose: sampled continuations repeat
+    (so drafts from them get accepted) while sampling still spreads over several tokens."""
+    model = make_model(seed=seed, layers=layers)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(2.5)
+    return model
+
+
 def make_native(model: torch.nn.Module, *, dtype: torch.dtype = torch.float32, quantize: str = "none",
                 head_rows: torch.Tensor | None = None, batch_size: int = 1, **runner_options) -> NativeRunner:
     """The native runner over the same weights as a transformers model."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_model, make_native
+from conftest import make_native, make_peaked_model
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer, lookahead_mask, merge_ngrams
@@ -37,10 +37,7 @@ def test_candidates_merge_into_a_tree_with_shared_prefixes_once():
 
 @pytest.fixture(scope="module")
 def target():
-    model = make_model(seed=3)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(2.5)  # peaked like a real LM's, so guesses repeat
-    return make_native(model)
+    return make_native(make_peaked_model(seed=3))
 
 
 PROMPTS = ["abc abc abc abc", "the cat the cat the", "xyz xy", "hello hello hello"]

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_model, make_native
+from conftest import make_native, make_peaked_model
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
 from specdec.proposers.base import ProposeContext
@@ -36,15 +36,20 @@ def trie_counts(trie: SuffixTrie) -> Counter:
     return counts
 
 
+def holding(texts: list[list[int]], max_depth: int) -> SuffixTrie:
+    trie = SuffixTrie(max_depth)
+    for text in texts:
+        trie.add(text)
+    return trie
+
+
 texts = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=30), min_size=1, max_size=4)
 
 
 @given(texts, st.integers(2, 6))
 @settings(max_examples=60, deadline=None)
 def test_tries_count_every_substring_up_to_max_depth(texts, max_depth):
-    added = SuffixTrie(max_depth)
-    for text in texts:
-        added.add(text)
+    added = holding(texts, max_depth)
     built = added.node_count()  # before counts() builds every implicit chain
     assert trie_counts(added) == substring_counts(texts, max_depth)
     assert built <= added.node_count() == len(trie_counts(added)) + 1
@@ -58,9 +63,7 @@ def test_tries_count_every_substring_up_to_max_depth(texts, max_depth):
 @given(texts, st.integers(2, 6))
 @settings(max_examples=60, deadline=None)
 def test_removing_a_text_leaves_the_others_counts(texts, max_depth):
-    trie = SuffixTrie(max_depth)
-    for text in texts:
-        trie.add(text)
+    trie = holding(texts, max_depth)
     trie.remove(texts[0])
     assert trie_counts(trie) == substring_counts(texts[1:], max_depth)
     assert trie.node_count() == len(trie_counts(trie)) + 1
@@ -149,10 +152,7 @@ def test_bad_options_are_clear_errors(options):
 
 @pytest.fixture(scope="module")
 def target():
-    model = make_model(seed=3)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(2.5)  # peaked like a real LM's, so samples repeat
-    return make_native(model)
+    return make_native(make_peaked_model(seed=3))
 
 
 PROMPTS = ["abc abc abc abc", "the cat the cat the", "xyz xy", "hello hello hello"]

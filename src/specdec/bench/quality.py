@@ -37,15 +37,22 @@ _CODE_BLOCK = re.compile(r"```[a-zA-Z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL
 
 
 @torch.no_grad()
+def answer_logits(runner: ModelRunner, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """[n, V] fp32: the target's logits at each of the n answer tokens, teacher-forced in one forward
+    over the prompt and the answer (the cache is reset before and after)."""
+    ids = torch.tensor([prompt_ids + token_ids[:-1]], dtype=torch.int64, device=runner.device)  # [1, L-1]
+    positions = torch.arange(ids.shape[1], device=runner.device)[None]
+    runner.reset()
+    logits = runner.forward(ids, positions, last_n_logits=len(token_ids)).logits[0].float()
+    runner.reset()
+    return logits
+
+
 def target_log_likelihood(runner: ModelRunner, prompt_ids: list[int], token_ids: list[int]) -> float:
     """log p_target(token_ids | prompt_ids): one forward over the prompt and the answer (the cache is reset)."""
     if not token_ids:
         return 0.0
-    ids = torch.tensor([prompt_ids + token_ids[:-1]], dtype=torch.int64, device=runner.device)  # [1, L-1]
-    positions = torch.arange(ids.shape[1], device=runner.device)[None]
-    runner.reset()
-    logits = runner.forward(ids, positions, last_n_logits=len(token_ids)).logits[0].float()  # [n, V]
-    runner.reset()
+    logits = answer_logits(runner, prompt_ids, token_ids)  # [n, V]
     answer = torch.tensor(token_ids, device=logits.device)
     return float(torch.log_softmax(logits, dim=-1).gather(-1, answer[:, None]).sum())
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.bench.quality import answer_logits
+
 VLLM_VENV = ".venv-vllm"  # where `make vllm` installs it, in the repository root
 # Prometheus counters vLLM's v1 engine exports for speculative decoding.
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -124,20 +126,16 @@ class GreedyAgreement:
         return self.worst_gap <= margin
 
 
-@torch.inference_mode()
 def greedy_agreement(runner, prompt_ids: list[int], output_ids: list[int]) -> GreedyAgreement:
     """Score another engine's greedy output teacher-forced under runner: one forward over
     prompt + output; at each output position, is the emitted token the argmax, and if not,
     by how much does its logit trail the argmax's?"""
-    ids = torch.tensor([prompt_ids + output_ids], device=runner.device)
-    runner.reset()
-    logits = runner.forward(ids[:, :-1], torch.arange(ids.shape[1] - 1, device=runner.device)[None],
-                            last_n_logits=len(output_ids)).logits[0].float()  # [n, V]
-    runner.reset()
+    if not output_ids:
+        return GreedyAgreement(0, 0, 0.0)
+    logits = answer_logits(runner, prompt_ids, output_ids)  # [n, V]
     emitted = torch.tensor(output_ids, device=logits.device)
-    best = logits.max(dim=-1).values
-    gaps = best - logits.gather(-1, emitted[:, None])[:, 0]
-    return GreedyAgreement(len(output_ids), int((gaps == 0).sum()), float(gaps.max()) if len(output_ids) else 0.0)
+    gaps = logits.max(dim=-1).values - logits.gather(-1, emitted[:, None])[:, 0]
+    return GreedyAgreement(len(output_ids), int((gaps == 0).sum()), float(gaps.max()))
 
 
 def chat_completion_ids(url: str, model: str, prompt: str, max_tokens: int, temperature: float = 0.0,

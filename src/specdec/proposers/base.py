@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,12 +35,36 @@ class DraftProposal:
     lookahead: LookaheadInputs | None = None  # one row only
 
     @staticmethod
+    def of_row(tokens: list[int], parents: Sequence[int] | None, device: torch.device | str,
+               probs: torch.Tensor | None = None, lookahead: LookaheadInputs | None = None) -> DraftProposal:
+        """One row of drafted tokens (a chain, or a tree given by parents)."""
+        return DraftProposal(token_ids=torch.tensor([tokens], dtype=torch.int64, device=device).reshape(1, -1),
+                             num_tokens=torch.tensor([len(tokens)], dtype=torch.int64, device=device), probs=probs,
+                             parents=None if parents is None else tuple(parents), lookahead=lookahead)
+
+    @staticmethod
     def empty(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftProposal:
         return DraftProposal(
             token_ids=torch.empty(batch_size, 0, dtype=torch.int64, device=device),
             num_tokens=torch.zeros(batch_size, dtype=torch.int64, device=device),
             probs=None,
         )
+
+
+def chain_or_tree(parents: Sequence[int]) -> Sequence[int] | None:
+    """None where parents describe a chain (each node the child of the one before): the engine
+    verifies and rolls back a chain more cheaply than a tree."""
+    return None if all(parent == index - 1 for index, parent in enumerate(parents)) else parents
+
+
+def committed_since(seen: Sequence[int], token_ids: torch.Tensor) -> list[int] | None:
+    """The committed tokens of token_ids [1, L] after the `seen` ones a proposer has read, or None
+    when token_ids does not continue them (shorter, or different at the last token read): a new
+    request, to be read from the start. Only the new tokens cross to the host."""
+    count, context_len = len(seen), token_ids.shape[1]
+    if count > context_len or (count and int(token_ids[0, count - 1]) != seen[-1]):
+        return None
+    return token_ids[0, count:].tolist()
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,6 @@ def _full_width(reduced_logits: torch.Tensor, vocab: FrozenVocabulary, vocab_siz
     return full.index_copy_(-1, vocab.vocab_ids, reduced_logits)
 
 
-def _proposal(tokens: list[int], parents: list[int] | None, device, probs: torch.Tensor | None = None
-              ) -> DraftProposal:
-    return DraftProposal(token_ids=torch.tensor([tokens], dtype=torch.int64, device=device),
-                         num_tokens=torch.tensor([len(tokens)], device=device), probs=probs,
-                         parents=None if parents is None else tuple(parents))
-
-
 class EagleProposer:
     """EAGLE (EagleHead) and EAGLE-3 (models/eagle3.py: Eagle3Head) alike: both feed the
     committed tokens' target features, then their own outputs. EAGLE-3's head first fuses
@@ -115,7 +108,7 @@ class EagleProposer:
                                     cache=self.cache)
                 position += 1
         probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, k, V]
-        return _proposal(tokens, None, ctx.token_ids.device, probs)
+        return DraftProposal.of_row(tokens, None, ctx.token_ids.device, probs)
 
     def _draft_tree(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         """EAGLE-2: grow layer by layer from the root, expanding the tree_topk best nodes of each layer."""
@@ -174,7 +167,7 @@ class EagleProposer:
                 chosen.add(node)
         order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
         index = {node: position for position, node in enumerate(order)}
-        return _proposal([tokens[i] for i in order], [index.get(parents[i], -1) for i in order], device)
+        return DraftProposal.of_row([tokens[i] for i in order], [index.get(parents[i], -1) for i in order], device)
 
 
 def medusa_tree(accuracies: list[list[float]], size: int, max_depth: int) -> list[tuple[int, ...]]:
@@ -230,7 +223,8 @@ class MedusaProposer:
         # Head d predicts the token d steps past the root (the last committed token).
         logits = self.vocab.logits(self.heads(self.last_feature.to(self.dtype))[:depth])  # [depth, N]
         if self.tree_size == 0:  # a chain of each head's best guess
-            return _proposal(self.vocab.to_target_ids(logits.argmax(dim=-1)).tolist(), None, ctx.token_ids.device)
+            return DraftProposal.of_row(self.vocab.to_target_ids(logits.argmax(dim=-1)).tolist(), None,
+                                        ctx.token_ids.device)
         paths = medusa_tree(self.accuracies, self.tree_size, depth)
         width = max(path[-1] for path in paths) + 1
         ranked = self.vocab.to_target_ids(torch.topk(logits, width, dim=-1).indices).tolist()  # [depth, width]
@@ -238,4 +232,4 @@ class MedusaProposer:
         index = {path: position for position, path in enumerate(paths)}
         tokens = [ranked[len(path) - 1][path[-1]] for path in paths]
         parents = [index[path[:-1]] if len(path) > 1 else -1 for path in paths]
-        return _proposal(tokens, parents, ctx.token_ids.device)
+        return DraftProposal.of_row(tokens, parents, ctx.token_ids.device)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext
+from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, chain_or_tree
 
 DEFAULT_WINDOW = 4
 DEFAULT_NGRAM = 3
@@ -117,13 +117,7 @@ class LookaheadProposer:
         lookahead = LookaheadInputs(
             token_ids=torch.tensor([[t for level in self.levels for t in level]], dtype=torch.int64, device=device),
             offsets=torch.tensor(offsets, device=device), mask=mask.to(device))
-        chain = all(parent == index - 1 for index, parent in enumerate(parents))
-        return DraftProposal(
-            token_ids=torch.tensor([tokens], dtype=torch.int64, device=device).reshape(1, -1),
-            num_tokens=torch.tensor([len(tokens)], dtype=torch.int64, device=device),
-            probs=None,  # point masses
-            parents=None if chain else tuple(parents),
-            lookahead=lookahead)
+        return DraftProposal.of_row(tokens, chain_or_tree(parents), device, lookahead=lookahead)  # point masses
 
     def read_lookahead(self, logits: torch.Tensor) -> None:
         """The target's logits [n, V] at the lookahead tokens of the last proposal: the Jacobi update."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.base import DraftProposal, ProposeContext, committed_since
 
 TIE_BREAKS = ("recent", "random")
 
@@ -211,12 +211,9 @@ class NgramProposer:
         pass  # the index holds committed tokens only; accepted ones arrive with the next context
 
     def _catch_up(self, token_ids: torch.Tensor) -> None:
-        """Index the committed tokens [1, L] not seen yet: only the new ones cross to the host."""
-        seen = len(self.index)
-        context_len = token_ids.shape[1]
-        # A context that is shorter, or differs at the last indexed token, is a new request.
-        if seen > context_len or (seen and int(token_ids[0, seen - 1]) != self.index.tokens[-1]):
+        """Index the committed tokens [1, L] not seen yet."""
+        new = committed_since(self.index.tokens, token_ids)
+        if new is None:  # another request
             self.reset()
-            seen = 0
-        if context_len > seen:
-            self.index.extend(token_ids[0, seen:].tolist())
+            new = token_ids[0].tolist()
+        self.index.extend(new)

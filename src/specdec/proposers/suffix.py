@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.base import DraftProposal, ProposeContext, chain_or_tree, committed_since
 
 DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
 # The cache's trie is Python objects with path-compressed leaves: about 1 KB per cached output
@@ -63,11 +63,10 @@ class SuffixOptions:
     min_token_prob: float = DEFAULT_MIN_TOKEN_PROB  # no node whose estimated probability is lower
 
     def __post_init__(self) -> None:
-        for name in ("cache_requests", "max_depth"):
+        for name, low in (("cache_requests", 0), ("max_depth", 2)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "cache_requests" else 2):
-                raise ValueError(f"suffix {name.replace('_', ' ')} must be an integer >= "
-                                 f"{0 if name == 'cache_requests' else 2}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"suffix {name.replace('_', ' ')} must be an integer >= {low}, got {value!r}")
         if not self.spec_factor > 0:
             raise ValueError(f"the suffix spec factor must be > 0, got {self.spec_factor!r}")
         if not 0 <= self.min_token_prob <= 1:
@@ -312,16 +311,8 @@ class SuffixProposer:
         draft = self.best_draft(max_k)
         if draft is None or not draft.token_ids:
             return DraftProposal.empty(1, device)
-        tokens, parents = draft.token_ids, draft.parents
-        if not self.trees:
-            tokens, parents = _best_path(draft)
-        chain = all(parent == index - 1 for index, parent in enumerate(parents))
-        return DraftProposal(
-            token_ids=torch.tensor([tokens], dtype=torch.int64, device=device),  # [1, n]
-            num_tokens=torch.tensor([len(tokens)], dtype=torch.int64, device=device),
-            probs=None,  # point masses
-            parents=None if chain else tuple(parents),
-        )
+        tokens, parents = (draft.token_ids, draft.parents) if self.trees else _best_path(draft)
+        return DraftProposal.of_row(tokens, chain_or_tree(parents), device)  # point masses
 
     def best_draft(self, max_k: int) -> SuffixDraft | None:
         """The highest-scoring tree over every matched suffix length of both tries."""
@@ -343,16 +334,13 @@ class SuffixProposer:
         pass  # both tries hold committed tokens only; accepted ones arrive with the next context
 
     def _catch_up(self, token_ids: torch.Tensor) -> None:
-        seen = len(self.seen)
-        context_len = token_ids.shape[1]
-        if seen > context_len or (seen and int(token_ids[0, seen - 1]) != self.seen[-1]):
-            self.reset()  # a shorter or different context: another request (sample_continuations' draws)
-            seen = 0
-        if context_len > seen:
-            new = token_ids[0, seen:].tolist()
-            self.seen += new
-            self.local.extend(new)
-            self.cursor.extend(new)
+        new = committed_since(self.seen, token_ids)
+        if new is None:  # another request (sample_continuations' draws)
+            self.reset()
+            new = token_ids[0].tolist()
+        self.seen += new
+        self.local.extend(new)
+        self.cursor.extend(new)
 
 
 def _best_path(draft: SuffixDraft) -> tuple[list[int], list[int]]:
