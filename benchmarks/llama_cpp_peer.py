@@ -29,11 +29,12 @@ def peer_dir() -> Path:
     return hub.cache_root() / "llama.cpp" / LLAMA_CPP_PYTHON_VERSION
 
 
-def build(jobs: int = 2, log=print) -> Path:
-    """The directory holding the built tools (built on first call)."""
+def build(jobs: int = 2, log=print, tools: tuple[str, ...] = TOOLS) -> Path:
+    """The directory holding the built tools (built on first call); tools: also "llama-server"
+    for `specdec bench --endpoint` runs against llama.cpp's OpenAI-compatible server."""
     root = peer_dir()
     bin_dir = root / "build" / "bin"
-    if all((bin_dir / tool).is_file() for tool in TOOLS):
+    if all((bin_dir / tool).is_file() for tool in tools):
         return bin_dir
     root.mkdir(parents=True, exist_ok=True)
     sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
@@ -57,7 +58,7 @@ def build(jobs: int = 2, log=print) -> Path:
     subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"], check=True,
                    stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TOOLS], check=True,
+    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *tools], check=True,
                    stdout=subprocess.DEVNULL)
     return bin_dir
 

@@ -10,4 +10,22 @@ __version__ = "0.1.0"
 
 from specdec.sampling.params import SamplingParams  # noqa: E402
 
-__all__ = ["SamplingParams", "__version__"]
+
+_LAZY = {"load": "specdec.api", "LLM": "specdec.api", "SpecConfig": "specdec.config"}
+
+
+def __getattr__(name: str):
+    """specdec.load, specdec.LLM and specdec.SpecConfig, imported on first use so that the command
+    line's subcommands do not pay for the engine at startup.
+
+        llm = specdec.load("qwen2.5-coder-1.5b", method="draft", k="auto")
+        llm.generate("Write fizzbuzz.", chat=True).text
+    """
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+
+
+__all__ = ["LLM", "SamplingParams", "SpecConfig", "__version__", "load"]

@@ -11,6 +11,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+from specdec.cli_options import add_method_args, add_model_args, config_from_args, positive_int
 from specdec.engine import SpecEngine
 from specdec.sampling import SamplingParams
 
@@ -104,16 +105,30 @@ def format_table(rows: list[DemoRow]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(args) -> int:
-    from specdec.cli import _load_engine
-    from specdec.proposers.registry import needs_draft_model
+def add_demo_command(sub) -> None:
+    import argparse
 
-    spec, target = _load_engine(args, args.method, args.k)
-    plain = SpecEngine(spec.target, None, spec.tokenizer, eos_token_ids=spec.eos_token_ids)
+    demo = sub.add_parser("demo", help="speculative vs plain decoding on built-in prompts, with a speedup table",
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog="examples:\n  specdec demo -k 4 --max-new-tokens 64\n"
+                                 "  specdec demo --method ngram -k 8\n")
+    add_model_args(demo)
+    add_method_args(demo)
+    demo.add_argument("--max-new-tokens", type=positive_int, default=64, help="per prompt (default: 64)")
+    demo.add_argument("--prompts", type=positive_int, default=None, help="use only the first N built-in prompts")
+    demo.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+
+
+def cmd_demo(args) -> int:
+    from specdec.factory import load_engine, plain_engine
+
+    config = config_from_args(args)
+    spec, target, draft = load_engine(config)
+    plain = plain_engine(target)
     prompts = DEMO_PROMPTS[: args.prompts] if args.prompts else DEMO_PROMPTS
-    proposer = f"draft {args.draft}" if needs_draft_model(args.method) else "no draft model"
-    print(f"target {target.describe()} | method {args.method} ({proposer}) | k={args.k} | greedy | {args.max_new_tokens} new tokens"
-          f" | device {spec.target.device}", flush=True)
+    proposer = f"draft {draft.name}" if draft is not None else "no draft model"
+    print(f"target {target.describe()} | method {config.method} ({proposer}) | k={config.k} | greedy | "
+          f"{args.max_new_tokens} new tokens | device {spec.target.device}", flush=True)
     rows = compare(plain, spec, prompts, args.max_new_tokens)
     print("\n" + format_table(rows))
     if args.json:

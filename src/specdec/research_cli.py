@@ -22,6 +22,9 @@ examples:
                 --per-category 10 --max-new-tokens 256                    # lossy speed vs quality drift
   specdec bench --prompts my_prompts.jsonl --out my-run      # your prompts, Spec-Bench format
   specdec bench --out my-run --report-only                    # rebuild report and plots, load no model
+  specdec bench --endpoint plain=http://127.0.0.1:8000 --endpoint vllm-eagle3=http://gpu-box:8000/v1 \
+                --prompts mt-bench --temperature 0,0.7      # running servers (vLLM, SGLang, llama-server,
+                                                            # specdec serve): tok/s, TTFT, ITL, acceptance
 
 Prompt sets: humaneval (164 coding prompts), mt-bench (80 two-turn chats),
 specdec (code editing, extraction / summarisation, retrieval QA, translation,
@@ -52,12 +55,16 @@ examples:
   specdec verify                                   # the embedded pair, draft k=4, T=1, 1000 draws per side
   specdec verify --method ngram -k 8 --prompt "Repeat: the cat sat on the mat, the cat"
   specdec verify --target ./my-model --draft ./my-draft --samples 4000 --temperature 0.7
+  specdec verify --endpoint spec=http://127.0.0.1:8001 --reference plain=http://127.0.0.1:8000
+                 # two deployments of one model (e.g. vLLM with and without speculation)
 
 Draws many continuations from the same prompt through speculative decoding and
 through the target alone and tests (chi-square, with the total-variation
 distance) that the first token and the first two tokens follow the same
 distribution; then checks greedy equality on a prompt set. Exit status 0 when
-every check passes, 1 when one fails.
+every check passes, 1 when one fails. With --endpoint/--reference the draws
+come from two running OpenAI-compatible servers (seeded, disjoint seeds; token
+ids from vLLM's return_token_ids or logprobs where offered).
 """
 
 DEFAULT_VERIFY_PROMPTS = ("The three most useful Python libraries are",
@@ -103,8 +110,10 @@ def _lenience_list(text: str) -> list[float]:
     return values
 
 
-def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, positive_int) -> None:
+def add_research_commands(sub) -> None:
     import argparse
+
+    from specdec.cli_options import add_head_args, add_method_args, add_model_args, add_ngram_args, positive_int
 
     raw = argparse.RawDescriptionHelpFormatter
     bench = sub.add_parser("bench", help="benchmark methods x k x temperature on prompt suites; report and plots",
@@ -140,12 +149,13 @@ def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, 
                             "temperature), as a server sees them: suffix decoding's cache keeps what earlier "
                             "prompts wrote. Default: every generation starts with empty cross-request caches")
     bench.add_argument("--out", default="bench-results", help="results directory (default: bench-results)")
+    from specdec.bench.endpoint import add_endpoint_bench_args  # --endpoint: running servers instead
+
+    add_endpoint_bench_args(bench)
     bench.add_argument("--report-only", action="store_true", help="rebuild the report from OUT; load no model")
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ngram_args(bench)
-    from specdec.cli import add_head_args
-
     add_head_args(bench)
 
     analyze = sub.add_parser("analyze", help="measure alpha and c on your models; predicted vs measured speedup",
@@ -180,6 +190,9 @@ def add_research_commands(sub, add_model_args, add_method_args, add_ngram_args, 
                              "(default: 4)")
     verify.add_argument("--max-new-tokens", type=positive_int, default=64, help="greedy check (default: 64)")
     verify.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    from specdec.analysis.endpoint_verify import add_endpoint_verify_args  # --endpoint/--reference: servers
+
+    add_endpoint_verify_args(verify)
 
 
 def _log(message: str) -> None:
@@ -194,50 +207,43 @@ def _results_path(location: str) -> Path:
 # ---- bench -------------------------------------------------------------------------------------
 
 
-def cmd_bench(args, load_models) -> int:
+def cmd_bench(args) -> int:
+    from specdec.bench.endpoint import cmd_bench_endpoints, wants_endpoint_bench
+
+    if wants_endpoint_bench(args):  # running OpenAI-compatible servers instead of local models
+        return cmd_bench_endpoints(args)
     from specdec.bench.harness import read_results
-    from specdec.proposers.registry import check_proposer_options
 
     out_dir = Path(args.out)
     results = out_dir / "results.jsonl"
     if not args.report_only:
         from specdec.bench.harness import BenchPlan, method_grid, run_bench
         from specdec.bench.prompt_sets import load_prompts
-        from specdec.engine import SpecEngine
-        from specdec.proposers.registry import build_proposer, needs_draft_model
+        from specdec.cli_options import config_from_args
+        from specdec.factory import check_before_loading, engine_for, load_models
 
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        options = dict(ngram_max=args.ngram_max, ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                       draft_k=args.draft_k, draft_confidence=args.draft_confidence)
-        from specdec.cli import check_head_exists, lookahead_options, suffix_options
-
-        suffix, lookahead = suffix_options(args), lookahead_options(args)
+        config = config_from_args(args, resolve=False, grid=True)  # each grid cell sets method and k
         for method in methods:
-            check_proposer_options(method, **options)
-            check_head_exists(args, method)
+            check_before_loading(config.with_method(method))
         leniences = _lenience_list(args.lenience)
         grid = method_grid(methods, _k_list(args.k), leniences)
         temperatures = _float_list(args.temperature)
         if not 0 < args.top_p <= 1:
             raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
         prompts = load_prompts([s.strip() for s in args.prompts.split(",") if s.strip()], args.per_category)
-        need_draft = any(needs_draft_model(spec.method) for spec in grid)
-        target, draft = load_models(args, need_draft)
-        from specdec.cli import head_options
-
-        heads = {spec.method: head_options(args, spec.method, target) for spec in grid}
-        engines = {spec: SpecEngine(target.runner,
-                                    build_proposer(spec.method, draft_runner=draft.runner if draft else None,
-                                                   adaptive=spec.k == "auto", **options, suffix=suffix, lookahead=lookahead,
-                                                   **heads[spec.method]),
-                                    target.tokenizer, k=spec.k or 1, eos_token_ids=target.eos_token_ids,
-                                    max_k=args.max_k)
-                   for spec in grid}
-        run_info = dict(target=args.target, draft=args.draft if need_draft else None, backend=target.backend,
+        cells = {spec: config.with_method(spec.method, spec.k or 1) for spec in grid}
+        need_draft = any(cell.needs_draft_model for cell in cells.values())
+        target, draft = load_models(config, need_draft=need_draft)
+        heads: dict = {}  # each head loads once for every k
+        engines = {spec: engine_for(cell, target, draft, heads=heads) for spec, cell in cells.items()}
+        options = dict(ngram_max=config.ngram.max, ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
+                       draft_k=config.draft_k, draft_confidence=config.draft_confidence)
+        run_info = dict(target=config.target, draft=draft.name if draft else None, backend=target.backend,
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),
                         prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, **options,
-                        suffix=dataclasses.asdict(suffix), lookahead=dataclasses.asdict(lookahead))
+                        suffix=dataclasses.asdict(config.suffix), lookahead=dataclasses.asdict(config.lookahead))
         quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
                          run_info, quality, stream=args.stream)
@@ -324,7 +330,10 @@ def _texts_from_corpus(tokenizer, path: str | None, max_texts: int):
     return [t for group in texts.values() for t in group]
 
 
-def cmd_analyze(args, load_models) -> int:
+def cmd_analyze(args) -> int:
+    from specdec.cli_options import config_from_args
+    from specdec.factory import load_models
+
     from specdec.analysis.measure import measure_alpha, measure_step_costs
     from specdec.analysis.predicted import measured_by_category, prediction_rows, render
     from specdec.bench.report import build_report
@@ -343,7 +352,7 @@ def cmd_analyze(args, load_models) -> int:
                     sorted({r["temperature"] for r in rows}) or [0.0, 0.7])
     ks = (_int_list(args.k) if args.k else
           sorted({r["k"] for r in rows if r["method"] == "draft" and isinstance(r["k"], int)}) or [1, 2, 3, 4, 6, 8])
-    target, draft = load_models(args, True)
+    target, draft = load_models(config_from_args(args, resolve=False, grid=True), need_draft=True)
     _log(f"timing decode steps at context {args.context} ...")
     costs = measure_step_costs(target.runner, draft.runner, context=args.context,
                                verify_widths=tuple(sorted({1, *(k + 1 for k in ks)})))
@@ -368,7 +377,7 @@ def cmd_analyze(args, load_models) -> int:
         Path(args.markdown).write_text("\n".join(markdown))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
-            target=args.target, draft=args.draft, machine=_machine(), costs=dict(
+            target=args.target, draft=draft.name, machine=_machine(), costs=dict(
                 context=costs.context, c=costs.c, target_step_s=costs.target_step_s, draft_step_s=costs.draft_step_s,
                 target_verify_s=costs.target_verify_s), temperatures=outputs), indent=1))
     return 0
@@ -377,10 +386,14 @@ def cmd_analyze(args, load_models) -> int:
 # ---- verify ------------------------------------------------------------------------------------
 
 
-def cmd_verify(args, load_engines) -> int:
+def cmd_verify(args) -> int:
+    if args.endpoint or args.reference:  # two running OpenAI-compatible servers instead of local models
+        from specdec.analysis.endpoint_verify import cmd_verify_endpoints
+
+        return cmd_verify_endpoints(args, DEFAULT_VERIFY_PROMPTS)
     from tqdm.auto import tqdm
 
-    from specdec.analysis.lossless import distribution_tests
+    from specdec.analysis.lossless import distribution_tests, verdict_lines
     from specdec.bench.prompt_sets import written
     from specdec.sampling import SamplingParams
 
@@ -390,9 +403,14 @@ def cmd_verify(args, load_engines) -> int:
         raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
     if not 0 < args.significance < 1:
         raise ValueError(f"--significance must lie in (0, 1), got {args.significance}")
-    if args.method == "autoregressive":
+    from specdec.cli_options import config_from_args
+    from specdec.factory import load_engine, plain_engine
+
+    config = config_from_args(args)
+    if config.method == "autoregressive":
         raise ValueError("--method autoregressive has nothing to verify; choose draft, ngram or ngram+draft")
-    spec, plain, target = load_engines(args)
+    spec, target, _ = load_engine(config)
+    plain = plain_engine(target)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, 0.0, None)
     prompts = args.prompt or list(DEFAULT_VERIFY_PROMPTS)
     tests = []
@@ -416,15 +434,10 @@ def cmd_verify(args, load_engines) -> int:
             continue
         greedy.append((name, outputs[0] == outputs[1]))
     threshold = args.significance / max(len(tests), 1)  # Bonferroni over the tests
-    failed = False
-    print(f"distribution check: {args.method} k={args.k} at temperature {args.temperature:g}, "
+    print(f"distribution check: {config.method} k={config.k} at temperature {args.temperature:g}, "
           f"{args.samples} draws per side; fail below p = {threshold:.2g}")
-    for prompt, test in tests:
-        ok = test.p_value >= threshold
-        failed |= not ok
-        verdict = ("PASS" if ok else "FAIL") if test.dof > 0 else "n/a "  # every outcome too rare to test
-        print(f"  {verdict}  {test.what:<17} chi2 {test.chi2:8.2f}  dof {test.dof:3d}  "
-              f"p {test.p_value:.3g}  TV {test.total_variation:.3f}  {prompt[:40]!r}")
+    lines, failed = verdict_lines(tests, threshold)
+    print("\n".join(lines))
     if greedy:
         same = sum(ok for _, ok in greedy)
         failed |= same != len(greedy)

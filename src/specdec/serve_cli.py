@@ -26,8 +26,10 @@ accepted length). Output is lossless: exactly the target's distribution.
 """
 
 
-def add_serve_command(sub, add_model_args, add_method_args, positive_int) -> None:
+def add_serve_command(sub) -> None:
     import argparse
+
+    from specdec.cli_options import add_method_args, add_model_args, positive_int
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with speculative decoding and batching",
                            epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,6 +54,10 @@ def add_serve_command(sub, add_model_args, add_method_args, positive_int) -> Non
                             "OpenAI's 16)")
     serve.add_argument("--served-model-name", default=None,
                        help="the name clients pass as `model` (default: the --target argument)")
+    serve.add_argument("--lenience", type=float, default=1.0, metavar="L",
+                       help="every request's lenience: LOSSY below 1 (Leviathan et al., Appendix A.5), drafts are "
+                            "accepted more easily and the output drifts from the target's; /v1/models and each "
+                            "response's `speculative` block say so (default: 1 = exact)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -64,32 +70,35 @@ def spec_max_batch_of(text: str, device_type: str) -> int | None:
     return int(text)
 
 
-def cmd_serve(args, load_models) -> int:
-    from specdec.proposers.registry import check_batched_method, needs_draft_model
+def cmd_serve(args) -> int:
+    from specdec.cli_options import config_from_args
+    from specdec.proposers.registry import check_batched_method
 
-    check_batched_method(args.method)
+    config = config_from_args(args)
+    check_batched_method(config.method)
     spec_max_batch_of(args.spec_max_batch, "cpu")  # validate before loading models
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not 0 < args.lenience <= 1:
+        raise ValueError(f"--lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {args.lenience:g}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     import uvicorn
 
-    from specdec.cli import suffix_options
+    from specdec.factory import load_models
     from specdec.server import build_server
 
-    target, draft = load_models(args, needs_draft_model(args.method))
-    name = args.served_model_name or args.target
+    target, draft = load_models(config)
+    name = args.served_model_name or config.target
     spec_max_batch = spec_max_batch_of(args.spec_max_batch, target.runner.device.type)
-    app = build_server(target.runner, target.tokenizer, name=name, method=args.method, k=args.k,
+    app = build_server(target.runner, target.tokenizer, name=name, config=config,
                        draft_runner=draft.runner if draft else None, slots=args.max_batch,
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
-                       default_max_tokens=args.default_max_tokens, ngram_max=args.ngram_max,
-                       ngram_min=args.ngram_min, ngram_tie_break=args.ngram_tie_break,
-                       suffix=suffix_options(args), spec_max_batch=spec_max_batch)
-    drafting = "" if args.method == "autoregressive" or spec_max_batch is None else \
+                       default_max_tokens=args.default_max_tokens, spec_max_batch=spec_max_batch,
+                       lenience=args.lenience)
+    drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
-    print(f"specdec: serving {name!r} ({args.method}, k={args.k}, {args.max_batch} rows{drafting}, queue "
+    print(f"specdec: serving {name!r} ({config.method}, k={config.k}, {args.max_batch} rows{drafting}, queue "
           f"{args.max_queue}) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -27,8 +27,10 @@ The head never changes the output, only the speed: verification stays exact.
 """
 
 
-def add_train_command(sub, add_model_args, positive_int) -> None:
+def add_train_command(sub) -> None:
     import argparse
+
+    from specdec.cli_options import add_model_args, positive_int
 
     train = sub.add_parser("train-head", help="train an EAGLE or Medusa draft head on the target's hidden states",
                            epilog=EPILOG_TRAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,8 +81,10 @@ The same directory loads back here: specdec generate --method eagle3 --head OUT 
 """
 
 
-def add_export_command(sub, add_model_args) -> None:
+def add_export_command(sub) -> None:
     import argparse
+
+    from specdec.cli_options import add_model_args
 
     export = sub.add_parser("export-head", help="write a trained eagle3 head as the speculators directory vLLM loads",
                             epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,9 +100,10 @@ def add_export_command(sub, add_model_args) -> None:
                         help="the chain length written as the default proposal (default: 3)")
 
 
-def cmd_export_head(args, load_models) -> int:
+def cmd_export_head(args) -> int:
     import json
 
+    from specdec.factory import load_models
     from specdec.models.heads import load_head_for
     from specdec.models.speculators import export_speculators
 
@@ -106,8 +111,7 @@ def cmd_export_head(args, load_models) -> int:
         raise ValueError(f"--speculative-tokens must be >= 1, got {args.speculative_tokens}")
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         raise ValueError(f"{args.out} exists and is not empty; choose a new directory")
-    args.backend = "native"
-    target, _ = load_models(args, need_draft=False)
+    target, _ = load_models(_native_config(args), need_draft=False)
     head, vocab = load_head_for(target, "eagle3", args.head, for_drafting=False)
     target_config = json.loads((Path(target.path) / "config.json").read_text())
     out = export_speculators(head, vocab, args.out, verifier=args.verifier_name or str(target.path),
@@ -132,9 +136,19 @@ def _parse_layers(text: str) -> list[int]:
         raise ValueError(f"--aux-layers takes layer numbers separated by commas, e.g. 2,14,25; got {text!r}") from None
 
 
-def cmd_train_head(args, load_models) -> int:
+def _native_config(args):
+    """The target's SpecConfig on the native backend, which reads hidden states and runs heads."""
+    import dataclasses
+
+    from specdec.cli_options import config_from_args
+
+    return dataclasses.replace(config_from_args(args, resolve=False), backend="native")
+
+
+def cmd_train_head(args) -> int:
     import torch
 
+    from specdec.factory import load_models
     from specdec.models.heads import HeadConfig, default_head_path, frozen_vocabulary
     from specdec.models.native.reduced_vocab import frequent_token_ids
     from specdec.training.corpus import chat_texts, stdlib_documents, token_chunks
@@ -142,9 +156,8 @@ def cmd_train_head(args, load_models) -> int:
 
     if args.backend == "hf":
         raise ValueError("train-head reads the target's hidden states through the native backend; drop --backend hf")
-    args.backend = "native"
     out = Path(args.out) if args.out else default_head_path(args.target, args.kind)
-    target, _ = load_models(args, need_draft=False)
+    target, _ = load_models(_native_config(args), need_draft=False)
     tokenizer, runner = target.tokenizer, target.runner
 
     width = args.intermediate_size

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from conftest import CHAT_TEMPLATE, make_model, make_native, make_tokenizer
+from specdec.config import SpecConfig
 from specdec.server import build_server
 
 MODEL_NAME = "tiny"
@@ -25,7 +26,8 @@ def tiny_app(*, method: str = "draft", k: int = 3, slots: int = 4, max_queue: in
     """Target and draft write text (no random biases); RoPE lets them run past their nominal 256 positions."""
     target = make_native(make_model(seed=0), max_context=max_context)
     draft = make_native(make_model(seed=1, layers=1), max_context=max_context)
-    return build_server(target, chat_tokenizer(), name=MODEL_NAME, method=method, k=k, draft_runner=draft,
+    return build_server(target, chat_tokenizer(), name=MODEL_NAME, config=SpecConfig(method=method, k=k),
+                        draft_runner=draft,
                         slots=slots, max_queue=max_queue, max_context=max_context)
 
 

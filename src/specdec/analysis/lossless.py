@@ -84,3 +84,17 @@ def distribution_tests(spec_draws: list[list[int]], plain_draws: list[list[int]]
         homogeneity_test([tuple(d[:2]) for d in spec_draws], [tuple(d[:2]) for d in plain_draws],
                          "first two tokens"),
     ]
+
+
+def verdict_lines(tests: list[tuple[str, HomogeneityTest]], threshold: float) -> tuple[list[str], bool]:
+    """One printed line per (prompt, test), PASS/FAIL against the (Bonferroni) threshold, and
+    whether any failed: what `specdec verify` prints, for local engines and for servers alike."""
+    lines, failed = [], False
+    for prompt, test in tests:
+        ok = test.p_value >= threshold
+        failed |= not ok
+        verdict = ("PASS" if ok else "FAIL") if test.dof > 0 else "n/a "  # every outcome too rare to test
+        lines.append(f"  {verdict}  {test.what:<17} chi2 {test.chi2:8.2f}  dof {test.dof:3d}  "
+                     f"p {test.p_value:.3g}  TV {test.total_variation:.3f}  {prompt[:40]!r}")
+    return lines, failed
+

@@ -108,7 +108,12 @@ def spec_decode_counters(url: str) -> dict[str, float]:
     drafts, draft tokens and accepted tokens since the server started (0 where absent)."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return spec_decode_counters_of(httpx.get(f"{url}/metrics", timeout=30).text)
+
+
+def spec_decode_counters_of(text: str) -> dict[str, float]:
+    """spec_decode_counters from a /metrics page already read (bench/endpoint.py reads it with its own
+    client: an API key, one request per reading)."""
     totals = dict.fromkeys(SPEC_COUNTERS, 0.0)
     for name in SPEC_COUNTERS:
         for match in re.finditer(rf"^{re.escape(name)}_total(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE):

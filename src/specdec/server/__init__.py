@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP API over the batched engine; no decoding logic of its own.
 
-    app = build_server(target_runner, tokenizer, name="qwen2.5-coder-1.5b", method="draft", k=4,
-                       draft_runner=draft_runner, slots=8)
+    app = build_server(target_runner, tokenizer, name="qwen2.5-coder-1.5b",
+                       config=SpecConfig(method="draft", k=4), draft_runner=draft_runner, slots=8)
     uvicorn.run(app, host="127.0.0.1", port=8000)
 """
 
@@ -11,9 +11,10 @@ import time
 
 from fastapi import FastAPI
 
+from specdec.config import SpecConfig
 from specdec.engine.batch import BatchEngine
 from specdec.models.loader import eos_ids_of
-from specdec.proposers.registry import build_batch_proposer, check_batched_method
+from specdec.proposers.registry import check_batched_method
 from specdec.server.app import ServedModel, create_app
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
@@ -21,18 +22,26 @@ from specdec.server.scheduler import Scheduler
 __all__ = ["build_server"]
 
 
-def build_server(target_runner, tokenizer, *, name: str, method: str = "draft", k: int = 4, draft_runner=None,
+def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, draft_runner=None,
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
-                 max_context: int | None = None, default_max_tokens: int = 256, ngram_max: int = 3,
-                 ngram_min: int = 1, ngram_tie_break: str = "recent", suffix=None, spec_max_batch: int | None = None) -> FastAPI:
-    """The app for one target (a NativeRunner; its weights are shared, its cache is not) and one method.
+                 max_context: int | None = None, default_max_tokens: int = 256,
+                 spec_max_batch: int | None = None, lenience: float = 1.0) -> FastAPI:
+    """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
+    and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
     slots: requests decoded together (rows of the batch); max_queue: requests that may wait
     for a row before the server answers 429; max_context: cap on prompt + completion tokens;
     spec_max_batch: draft only while at most this many requests run (None: always);
-    suffix: SuffixOptions for --method suffix, whose cache of earlier outputs all requests share.
+    with --method suffix all requests share one cache of earlier outputs;
+    lenience: every request's (sampling/params.py); below 1 the server is LOSSY, and its /v1/models
+    and each response's `speculative` block say so.
     """
+    from specdec.factory import batch_proposer_for
+
+    method, k = config.method, config.k
     check_batched_method(method)
+    if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) or not 0 < lenience <= 1:
+        raise ValueError(f"lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {lenience!r}")
     for label, value in (("slots", slots), ("k", k), ("default_max_tokens", default_max_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
@@ -45,12 +54,11 @@ def build_server(target_runner, tokenizer, *, name: str, method: str = "draft", 
         if not hasattr(draft_runner, "with_batch_size"):
             raise ValueError("serving with a draft model needs the draft on the native backend too")
         draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
-    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, ngram_max=ngram_max,
-                                    ngram_min=ngram_min, ngram_tie_break=ngram_tie_break, suffix=suffix)
+    proposer = batch_proposer_for(config, slots=slots, draft_runner=draft)
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
     engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch)
     metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,
-                         int(time.time()))
+                         int(time.time()), float(lenience))
     return create_app(scheduler, served)

@@ -54,6 +54,13 @@ class ServedModel:
     k: int
     default_max_tokens: int = 256  # chat requests without max_tokens (capped by the context)
     created: int = 0
+    lenience: float = 1.0  # every request's; < 1 is LOSSY (sampling/params.py), and says so in `speculative`
+
+    @property
+    def speculative_setup(self) -> dict:
+        """method and k; a lossy server also names its lenience, so no client mistakes it for exact."""
+        lossy = {"lenience": self.lenience, "lossy": True} if self.lenience != 1.0 else {}
+        return {"method": self.method, "k": self.k, **lossy}
 
 
 def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
@@ -109,7 +116,7 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{
             "id": served.name, "object": "model", "created": served.created, "owned_by": "specdec",
-            "max_model_len": served.max_context, "speculative": {"method": served.method, "k": served.k},
+            "max_model_len": served.max_context, "speculative": served.speculative_setup,
         }]}
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -134,6 +141,8 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
             return _event_stream(job, body, chunk, first=None)
         final = await _final_update(job, http_request)
         response = chunk(job.request.text, FINISH_REASONS[final.finish_reason])
+        if body.return_token_ids:
+            response["choices"][0]["token_ids"] = list(job.request.generated)
         return {**response, **_usage_fields(job.request, final.stats)}
 
     @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
@@ -157,8 +166,12 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
         final = await _final_update(job, http_request)
         choice = {"index": 0, "message": {"role": "assistant", "content": job.request.text},
                   "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": None}
+        ids = {}
+        if body.return_token_ids:  # vLLM's extension, where vLLM puts them
+            choice["token_ids"] = list(job.request.generated)
+            ids = {"prompt_token_ids": list(job.request.prompt_ids)}
         return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": served.name,
-                "choices": [choice], **_usage_fields(job.request, final.stats)}
+                "choices": [choice], **_usage_fields(job.request, final.stats), **ids}
 
     # ---- helpers (closures over scheduler and served) ---------------------------------------
 
@@ -189,7 +202,7 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
                            code="context_length_exceeded")
         try:
             params = SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
-                                    min_p=body.min_p, seed=body.seed)
+                                    min_p=body.min_p, seed=body.seed, lenience=served.lenience)
             request = scheduler.engine.make_request(ids, params, max_new_tokens=max_tokens,
                                                     stop=body.stop_strings, ignore_eos=body.ignore_eos)
         except ValueError as error:
@@ -268,7 +281,7 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
         return {
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
             "speculative": {
-                "method": served.method, "k": served.k,
+                **served.speculative_setup,
                 "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
                 "acceptance_rate": round(stats.acceptance_rate, 4),
                 "mean_accepted_length": round(stats.mean_accepted_length, 4),

@@ -71,6 +71,7 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever comes (benchmarks)
+    return_token_ids: bool = False  # vLLM's extension: each choice also carries its token ids (not streamed)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None

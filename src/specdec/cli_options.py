@@ -1,0 +1,211 @@
+"""The command line's shared options: models, method, k, n-gram / suffix / lookahead, heads.
+
+Every command module (generate_cli, demo, serve_cli, research_cli, train_cli) adds its
+options from here and turns the parsed namespace into a SpecConfig with
+`config_from_args`, once, at the edge; cli.py only assembles the subcommands. Nothing
+here imports a command module, so there is no import circle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from specdec.config import (DEFAULT_DRAFT, DEFAULT_TARGET, QUANTIZATIONS, HeadOptions, NgramOptions, SpecConfig)
+from specdec.proposers.lookahead import LookaheadOptions
+from specdec.proposers.registry import AUTO_METHOD, METHODS
+from specdec.proposers.suffix import SuffixOptions
+
+LENIENCE_HELP = ("LOSSY below 1 (Leviathan et al., Appendix A.5): a drafted token t is accepted with probability "
+                 "min(1, p(t) / (l q(t))) instead of min(1, p(t) / q(t)), and at temperature 0 whenever "
+                 "p(t) >= l max p. Faster, but the output no longer follows the target's distribution (nor "
+                 "equals its greedy output); `specdec bench --lenience` measures the drift. (default: 1 = exact)")
+
+
+# ---- argparse types: bad values are one clear line, before anything loads ----------------------
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def k_value(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text}") from None
+
+
+def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a float that `contains` accepts, else an error naming the interval."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan  # fails every comparison
+        if not contains(value):
+            raise argparse.ArgumentTypeError(f"must be a number in {interval}, got {text}")
+        return value
+    return parse
+
+
+probability = number_in("[0, 1)", lambda v: 0.0 <= v < 1.0)
+lenience = number_in("(0, 1]", lambda v: 0.0 < v <= 1.0)
+
+
+# ---- option groups -----------------------------------------------------------------------------
+
+
+def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help=f"target model name or HF directory (default: {DEFAULT_TARGET})")
+    if draft:
+        parser.add_argument("--draft", default=None,  # None: not named; the default draft loads when one is needed
+                            help=f"draft model name or HF directory (default: {DEFAULT_DRAFT}); naming one makes "
+                                 "--method auto draft with it")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto = cuda if available)")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bf16 on CUDA; on CPU bf16 for the native backend where the CPU has bf16 "
+                             "instructions, else fp32), float32, bfloat16, float16")
+    parser.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
+                        help="native: specdec's own Qwen2/Llama decoder (static KV cache, int8/int4 weights); "
+                             "hf: any transformers model; auto (default): native where supported, else hf")
+    parser.add_argument("--quantize", default="auto", choices=["auto", *QUANTIZATIONS],
+                        help="the target's weights: none (the --dtype), int8/int4 weight-only, w8a8 "
+                             "(int8 weights and activations, oneDNN's integer matmuls) or w4a8 (4-bit "
+                             "weights and int8 activations, specdec's own kernel, compiled on first use). "
+                             "w8a8 and w4a8 verify k+1 tokens for little more than one. Native backend. "
+                             "Default: auto = w4a8 on an x86 CPU (AVX2 and up), else w8a8 on VNNI/AMX, "
+                             "else none. Speculation is lossless against the target as quantized; "
+                             "quantizing changes the target's own output slightly "
+                             "(docs/cpu-and-quantization.md, 'What the fast default costs')")
+    if draft:
+        parser.add_argument("--draft-quantize", default="auto", choices=["auto", *QUANTIZATIONS],
+                            help="the draft's weights; never changes the output, only the speed "
+                                 "(default: auto = w4a8 on an x86 CPU, else int4 on a CPU with bf16, else none)")
+        parser.add_argument("--draft-vocab", type=positive_int, default=None, metavar="N",
+                            help="the draft's head scores only the N most frequent tokens (EAGLE-3's reduced "
+                                 "vocabulary; native backend; lossless; default: the full vocabulary)")
+
+
+def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> None:
+    """-k defaults to auto where adaptive k is offered (measured at least as good as the best
+    fixed k: benchmarks/RESULTS.md), else 4 (the batched engine drafts a fixed k)."""
+    parser.add_argument("--method", default=AUTO_METHOD, choices=[AUTO_METHOD, *METHODS], metavar="METHOD",
+                        help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) +
+                             "; auto (default): the fastest lossless method measured on the device, ngram on a CPU "
+                             "(no draft model; benchmarks/RESULTS.md), draft on CUDA")
+    if not adaptive:
+        parser.add_argument("-k", type=positive_int, default=4,
+                            help="draft tokens per step, >= 1 (default: 4; copying with ngram likes 8)")
+        add_ngram_args(parser)
+        return
+    parser.add_argument("-k", type=k_value, default="auto", metavar="K|auto",
+                        help="draft tokens per step, >= 1, or auto (default: auto; copying with ngram "
+                             "likes 8). auto: each step's k in 1..--max-k from the request's recent acceptance "
+                             "and the measured step costs (Leviathan et al.'s expected tokens/s); the draft model "
+                             "also stops early below --draft-confidence and n-gram drafts follow the match "
+                             "length. Still lossless")
+    adaptive_group = parser.add_argument_group("adaptive k (-k auto)")
+    adaptive_group.add_argument("--max-k", type=positive_int, default=8,
+                                help="the largest k auto may choose (default: 8)")
+    adaptive_group.add_argument("--draft-confidence", type=probability, default=0.4, metavar="P",
+                                help="the draft model stops after a token it drew with probability below P "
+                                     "(transformers' assistant_confidence_threshold; default: 0.4; 0 = never)")
+    add_ngram_args(parser)
+    add_head_args(parser)
+
+
+def add_head_args(parser: argparse.ArgumentParser) -> None:
+    heads = parser.add_argument_group("draft heads (--method eagle, eagle-tree, eagle3, eagle3-tree, medusa)")
+    heads.add_argument("--head", default=None, metavar="PATH",
+                       help="a head checkpoint from `specdec train-head`, or for eagle3 a speculators / EAGLE-3 "
+                            "directory (config.json + safetensors, as vLLM loads) (default: the one trained for "
+                            "--target in the models' cache)")
+    heads.add_argument("--tree-size", type=non_negative_int, default=None, metavar="N",
+                       help="drafted tree nodes per step (default: 10; medusa 0 = a chain). Each node is one more "
+                            "token the target verifies: on a CPU small trees pay, on a GPU EAGLE-2 uses ~60")
+    heads.add_argument("--tree-topk", type=positive_int, default=4,
+                       help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
+
+
+def add_ngram_args(parser: argparse.ArgumentParser) -> None:
+    """n-gram lookup, suffix decoding and lookahead decoding: the model-free proposers' knobs."""
+    ngram = parser.add_argument_group("n-gram lookup (--method ngram, ngram+draft)")
+    ngram.add_argument("--ngram-max", type=positive_int, default=3,
+                       help="longest suffix to look up; tried first (default: 3)")
+    ngram.add_argument("--ngram-min", type=positive_int, default=1,
+                       help="shortest suffix that still counts as a match (default: 1)")
+    ngram.add_argument("--ngram-tie-break", choices=["recent", "random"], default="recent",
+                       help="among equally long continuations: the most recent match, or one drawn with the "
+                            "request's seed (default: recent)")
+    ngram.add_argument("--draft-k", type=positive_int, default=None,
+                       help="ngram+draft: at most this many draft-model tokens per step (default: k)")
+    suffix = parser.add_argument_group("suffix decoding (--method suffix)")
+    suffix.add_argument("--suffix-cache-requests", type=non_negative_int, default=500, metavar="N",
+                        help="earlier requests whose outputs the shared suffix cache keeps, oldest evicted first "
+                             "(default: 500; 0 = each request drafts from itself only). Memory: about 1 KB per "
+                             "cached token (25 MB for 100 answers of 256 tokens)")
+    suffix.add_argument("--suffix-max-depth", type=positive_int, default=24, metavar="D",
+                        help="longest substring counted, hence the longest suffix matched (default: 24, vLLM's)")
+    suffix.add_argument("--suffix-spec-factor", type=float, default=1.0, metavar="F",
+                        help="draft at most ceil(F x the matched suffix's length) tokens, and at most k "
+                             "(default: 1.0, vLLM's): long matches earn long drafts")
+    suffix.add_argument("--suffix-min-prob", type=probability, default=0.1, metavar="P",
+                        help="draft no token whose estimated probability (the product of its path's "
+                             "continuation frequencies) is below P (default: 0.1, vLLM's)")
+    lookahead = parser.add_argument_group("lookahead decoding (--method lookahead)")
+    lookahead.add_argument("--lookahead-window", type=positive_int, default=4, metavar="W",
+                           help="columns of the Jacobi window the target guesses ahead on (default: 4)")
+    lookahead.add_argument("--lookahead-ngram", type=positive_int, default=3, metavar="N",
+                           help="length of the n-grams collected from the window, >= 2; N-1 levels of W guesses "
+                                "ride along each step (default: 3)")
+    lookahead.add_argument("--lookahead-guesses", type=positive_int, default=3, metavar="G",
+                           help="pool n-grams verified per step, as a tree (default: 3). Every token costs: "
+                                "(N-1) x W + up to G x (N-1) tokens join each target forward")
+
+
+# ---- namespace -> SpecConfig, once ---------------------------------------------------------------
+
+
+def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bool = False) -> SpecConfig:
+    """The SpecConfig a command's options describe (options a command lacks keep their defaults).
+
+    resolve: settle --method auto for the device (the draft model where a --draft is named,
+    else the device's fastest lossless method), so every command sees and prints a real method.
+    grid: the command names lists of methods and k (bench, analyze): leave method and k to it."""
+    def option(name: str, default=None):
+        return getattr(args, name, default)
+
+    method, k = (AUTO_METHOD, "auto") if grid else (option("method", AUTO_METHOD), option("k", "auto"))
+    config = SpecConfig(
+        target=args.target, method=method, k=k, draft=option("draft"),
+        max_k=option("max_k", 8), draft_confidence=option("draft_confidence", 0.4), draft_k=option("draft_k"),
+        device=option("device", "auto"), dtype=option("dtype", "auto"), backend=option("backend", "auto"),
+        quantize=option("quantize", "auto"), draft_quantize=option("draft_quantize", "auto"),
+        draft_vocab=option("draft_vocab"),
+        ngram=NgramOptions(option("ngram_max", 3), option("ngram_min", 1), option("ngram_tie_break", "recent")),
+        suffix=SuffixOptions(**{field: option(f"suffix_{name}", default) for field, name, default in (
+            ("cache_requests", "cache_requests", SuffixOptions.cache_requests),
+            ("max_depth", "max_depth", SuffixOptions.max_depth),
+            ("spec_factor", "spec_factor", SuffixOptions.spec_factor),
+            ("min_token_prob", "min_prob", SuffixOptions.min_token_prob))}),
+        lookahead=LookaheadOptions(option("lookahead_window", LookaheadOptions.window),
+                                   option("lookahead_ngram", LookaheadOptions.ngram),
+                                   option("lookahead_guesses", LookaheadOptions.guesses)),
+        head=HeadOptions(option("head"), option("tree_size"), option("tree_topk", 4)),
+    )
+    return config.resolved() if resolve else config

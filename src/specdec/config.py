@@ -1,0 +1,154 @@
+"""SpecConfig: everything that decides how one speculative engine is built, in one typed value.
+
+Built once at the edge (the CLI's options, `specdec.load(...)`'s keywords, the server's
+command line) and handed to `specdec.factory`, which is the one place an engine is made
+from it. Nothing below the command modules reads the parsed command line; this plays the
+part of vLLM's SpeculativeConfig.
+
+A config is frozen and checked when built, so a typo (K < 1, an unknown method, an
+n-gram minimum above its maximum) is a ValueError before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from specdec.models.native.linear import QUANTIZATIONS
+from specdec.proposers.lookahead import LookaheadOptions
+from specdec.proposers.ngram import check_ngram_args
+from specdec.proposers.registry import AUTO_METHOD, METHODS, check_method, head_kind, needs_draft_model, resolve_method
+from specdec.proposers.suffix import SuffixOptions
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # models/loader.py
+BACKENDS = ("auto", "native", "hf")
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt lookup (--method ngram, ngram+draft): the longest suffix tried first, the shortest
+    that still counts, and which of equally long continuations to copy."""
+
+    max: int = 3
+    min: int = 1
+    tie_break: str = "recent"
+
+    def __post_init__(self) -> None:
+        check_ngram_args(self.max, self.min, self.tie_break)
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """Trained draft heads (eagle, eagle3, medusa and their trees).
+
+    path: a checkpoint from `specdec train-head` or an EAGLE-3 speculators directory
+    (None: the one trained for the target in the models' cache); tree_size: drafted nodes
+    per step (None: the method's default); tree_topk: candidates per expanded node."""
+
+    path: str | None = None
+    tree_size: int | None = None
+    tree_topk: int = 4
+
+    def __post_init__(self) -> None:
+        if self.tree_size is not None and (not _is_int(self.tree_size) or self.tree_size < 0):
+            raise ValueError(f"tree_size must be an integer >= 0 or None, got {self.tree_size!r}")
+        if not _is_int(self.tree_topk) or self.tree_topk < 1:
+            raise ValueError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How to build one engine: the models, the method and its knobs.
+
+    method "auto" and draft None are settled by `resolved()` for the device the engine runs
+    on (ngram on a CPU, the draft model on CUDA; a named draft means drafting with it).
+    k: tokens drafted per step (>= 1) or "auto" (each step's k from measured costs and the
+    request's acceptance, at most max_k).
+    """
+
+    target: str = DEFAULT_TARGET
+    method: str = AUTO_METHOD
+    k: int | str = "auto"
+    draft: str | None = None
+    max_k: int = 8
+    draft_confidence: float = 0.4  # with k auto the draft model stops below this probability
+    draft_k: int | None = None  # ngram+draft: at most this many draft-model tokens (None: k)
+    device: str = "auto"
+    dtype: str = "auto"
+    backend: str = "auto"
+    quantize: str = "auto"
+    draft_quantize: str = "auto"
+    draft_vocab: int | None = None  # the draft's head scores only this many frequent tokens
+    ngram: NgramOptions = field(default_factory=NgramOptions)
+    suffix: SuffixOptions = field(default_factory=SuffixOptions)
+    lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
+    head: HeadOptions = field(default_factory=HeadOptions)
+
+    def __post_init__(self) -> None:
+        if self.method != AUTO_METHOD:
+            check_method(self.method)
+        if self.k != "auto" and (not _is_int(self.k) or self.k < 1):
+            raise ValueError(f"k must be an integer >= 1 or 'auto', got {self.k!r}")
+        if not _is_int(self.max_k) or self.max_k < 1:
+            raise ValueError(f"max_k must be an integer >= 1, got {self.max_k!r}")
+        if not 0.0 <= self.draft_confidence < 1.0:
+            raise ValueError(f"the draft confidence threshold must lie in [0, 1), got {self.draft_confidence!r}")
+        if self.draft_k is not None and (not _is_int(self.draft_k) or self.draft_k < 1):
+            raise ValueError(f"draft_k must be an integer >= 1 or None, got {self.draft_k!r}")
+        if self.draft_vocab is not None and (not _is_int(self.draft_vocab) or self.draft_vocab < 1):
+            raise ValueError(f"draft_vocab must be an integer >= 1 or None, got {self.draft_vocab!r}")
+        for name, value, choices in (("quantize", self.quantize, ("auto", *QUANTIZATIONS)),
+                                     ("draft_quantize", self.draft_quantize, ("auto", *QUANTIZATIONS)),
+                                     ("backend", self.backend, BACKENDS), ("dtype", self.dtype, DTYPES)):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        for name, kind in (("ngram", NgramOptions), ("suffix", SuffixOptions), ("lookahead", LookaheadOptions),
+                           ("head", HeadOptions)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+
+    def resolved(self, device_type: str | None = None) -> SpecConfig:
+        """The config with method auto and the draft default settled for the device.
+
+        device_type: "cpu", "cuda", ...; None resolves --device (auto = cuda if available)."""
+        method, draft = self.method, self.draft
+        if method == AUTO_METHOD:
+            if draft is not None:
+                method = "draft"
+            else:
+                if device_type is None:
+                    from specdec.models.loader import resolve_device
+
+                    device_type = resolve_device(self.device).type
+                method = resolve_method(method, device_type)
+        if draft is None and needs_draft_model(method):
+            draft = DEFAULT_DRAFT
+        return dataclasses.replace(self, method=method, draft=draft)
+
+    def with_method(self, method: str, k: int | str | None = None) -> SpecConfig:
+        """The same models and options with another method (and k): bench's grid, verify's baseline."""
+        return dataclasses.replace(self, method=method, k=self.k if k is None else k)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.method != AUTO_METHOD and needs_draft_model(self.method)
+
+    @property
+    def head_kind(self) -> str | None:
+        """The trained head the method loads ("eagle", "eagle3", "medusa"), or None."""
+        return None if self.method == AUTO_METHOD else head_kind(self.method)
+
+    def summary(self) -> str:
+        """One line for logs: method, k and what drafts."""
+        drafter = f"draft {self.draft}" if self.needs_draft_model else (
+            f"{self.head_kind} head" if self.head_kind else "no draft model")
+        return f"{self.target} | {self.method} ({drafter}) | k={self.k}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "HeadOptions", "METHODS", "NgramOptions", "SpecConfig"]

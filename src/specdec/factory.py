@@ -1,0 +1,116 @@
+"""SpecConfig -> loaded models, proposer, engine: the one factory every entry point uses.
+
+The CLI (generate, demo, bench, analyze, verify, serve, train-head), the Python API
+(`specdec.load`) and the server all come through here, so one config builds the same
+engine whichever door a user takes. Checks that cost no model load (the method's
+options, a head's checkpoint on disk) run before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from specdec.config import DEFAULT_DRAFT, SpecConfig
+from specdec.engine import SpecEngine
+from specdec.proposers.base import Proposer
+from specdec.proposers.registry import build_proposer, check_proposer_options
+
+Log = Callable[[str], None]
+
+
+def log_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def check_before_loading(config: SpecConfig) -> None:
+    """Everything about the method that can fail without a model: its options and its head's file."""
+    check_proposer_options(config.method, **_proposer_options(config))
+    if config.head_kind is not None:
+        from specdec.models.heads import locate_head
+
+        locate_head(config.target, config.head_kind, config.head.path)
+
+
+def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log = log_to_stderr,
+                progress: bool = True):
+    """(target, draft or None) as models.loader.LoadedModel. need_draft: default, the method's need;
+    an unnamed draft is the default draft."""
+    from specdec.models.loader import check_same_vocabulary, load_model
+
+    if need_draft is None:
+        need_draft = config.needs_draft_model
+    log(f"loading target {config.target} ...")
+    shared = dict(device=config.device, dtype=config.dtype, backend=config.backend, progress=progress)
+    target = load_model(config.target, **shared, quantize=config.quantize)
+    log(f"  {target.describe()} from {target.path} in {target.load_time_s:.1f}s")
+    draft = None
+    if need_draft:
+        name = config.draft or DEFAULT_DRAFT
+        log(f"loading draft {name} ...")
+        draft = load_model(name, **shared, quantize=config.draft_quantize, head_vocab=config.draft_vocab,
+                           role="draft")
+        log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
+        check_same_vocabulary(target.tokenizer, draft.tokenizer)
+    return target, draft
+
+
+def proposer_for(config: SpecConfig, target, draft=None, *, heads: dict | None = None) -> Proposer | None:
+    """The method's proposer over loaded models (None: plain decoding).
+
+    heads: a dict shared across calls so that a grid of k values loads each head once."""
+    return build_proposer(config.method, draft_runner=draft.runner if draft is not None else None,
+                          adaptive=config.k == "auto", **_proposer_options(config),
+                          suffix=config.suffix, lookahead=config.lookahead,
+                          **_head_arguments(config, target, heads))
+
+
+def engine_for(config: SpecConfig, target, draft=None, *, heads: dict | None = None) -> SpecEngine:
+    """A SpecEngine over already loaded models (bench's grid and verify share one target)."""
+    return SpecEngine(target.runner, proposer_for(config, target, draft, heads=heads), target.tokenizer,
+                      k=config.k, eos_token_ids=target.eos_token_ids, max_k=config.max_k)
+
+
+def plain_engine(target) -> SpecEngine:
+    """Plain decoding of the same loaded target: the baseline every comparison uses."""
+    return SpecEngine(target.runner, None, target.tokenizer, k=1, eos_token_ids=target.eos_token_ids)
+
+
+def load_engine(config: SpecConfig, *, log: Log = log_to_stderr, progress: bool = True):
+    """(engine, target LoadedModel, draft LoadedModel or None) for a resolved config."""
+    check_before_loading(config)
+    target, draft = load_models(config, log=log, progress=progress)
+    return engine_for(config, target, draft), target, draft
+
+
+def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None):
+    """The batched engine's proposer (engine/batch.py; the server): draft_runner is a native
+    runner with one cache row per slot. None: plain decoding."""
+    from specdec.proposers.registry import build_batch_proposer
+
+    return build_batch_proposer(config.method, slots=slots, draft_runner=draft_runner, ngram_max=config.ngram.max,
+                                ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
+                                suffix=config.suffix)
+
+
+def _proposer_options(config: SpecConfig) -> dict:
+    return dict(ngram_max=config.ngram.max, ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
+                draft_k=config.draft_k, draft_confidence=config.draft_confidence)
+
+
+def _head_arguments(config: SpecConfig, target, heads: dict | None) -> dict:
+    """build_proposer's head keywords for a method that drafts with a trained head (else none)."""
+    kind = config.head_kind
+    if kind is None:
+        return {}
+    key = (kind, config.head.path)
+    if heads is None or key not in heads:
+        from specdec.models.heads import load_head_for
+
+        loaded = load_head_for(target, kind, config.head.path)
+        if heads is None:
+            heads = {}
+        heads[key] = loaded
+    head, vocabulary = heads[key]
+    return dict(head=head, head_vocabulary=vocabulary, tree_size=config.head.tree_size,
+                tree_topk=config.head.tree_topk)
