@@ -10,6 +10,13 @@ before the draft's cost, at 5x it is a slowdown.
 
   python benchmarks/verify_cost.py [--formats none,int8,int4,w8a8,w4a8] [--context 800]
   python benchmarks/verify_cost.py --model qwen2.5-coder-0.5b    # the draft's step and prefill
+  python benchmarks/verify_cost.py --tree --rows 1,8,16,32,64 --formats none,w8a8,w4a8   # tree verification
+
+--tree verifies n nodes of a draft tree instead of a chain: each node sees its
+ancestors only (a random tree, nodes in topological order, as EAGLE-2's are),
+through the same tree attention mask the engine builds. On CPUs the cost of a
+forward grows with its rows (AMX tiles hold 16 rows, AVX-512 registers fewer):
+these are the costs from which a tree's size must be chosen.
 """
 
 from __future__ import annotations
@@ -30,7 +37,22 @@ from specdec.models.native.w4a8 import w4a8_available
 ROWS = (1, 2, 5, 9, 16)
 
 
-def measure(name: str, quantize: str, context: int, steps: int) -> dict:
+def random_tree_mask(nodes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """([1, n, n] bool: node i sees node j, its ancestors and itself; [n] depths) of a random tree whose
+    node 0 is the root (the last committed token's successor) and node i's parent precedes it."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
+    mask = torch.zeros(nodes, nodes, dtype=torch.bool)
+    depths = torch.zeros(nodes, dtype=torch.long)
+    for node in range(nodes):
+        ancestor = node
+        while ancestor != -1:
+            mask[node, ancestor] = True
+            ancestor = parents[ancestor]
+        depths[node] = int(mask[node].sum()) - 1
+    return mask[None], depths
+
+
+def measure(name: str, quantize: str, context: int, steps: int, rows_list=ROWS, tree: bool = False) -> dict:
     model = load_model(name, quantize=quantize, progress=False, probe=False)
     runner = model.runner
     generator = torch.Generator().manual_seed(0)
@@ -43,17 +65,22 @@ def measure(name: str, quantize: str, context: int, steps: int) -> dict:
     prefill_s = time.perf_counter() - started
     step_ms = {}
     with torch.inference_mode():
-        for rows in ROWS:
+        for rows in rows_list:
             times = []
             for _ in range(steps):
                 tokens = torch.randint(0, 150_000, (1, rows), generator=generator)
+                positions = torch.arange(context, context + rows)[None]
+                among_new = None
+                if tree:
+                    among_new, depths = random_tree_mask(rows, generator)
+                    positions = context + depths[None]
                 started = time.perf_counter()
-                runner.forward(tokens, torch.arange(context, context + rows)[None])
+                runner.forward(tokens, positions, among_new=among_new)
                 times.append(time.perf_counter() - started)
                 runner.truncate([context])
             step_ms[rows] = statistics.median(times) * 1e3
     return dict(format=model.describe(), quantize=quantize, context=context, prefill_tok_s=context / prefill_s,
-                step_ms=step_ms, ratio={rows: step_ms[rows] / step_ms[1] for rows in ROWS})
+                tree=tree, step_ms=step_ms, ratio={rows: step_ms[rows] / step_ms[rows_list[0]] for rows in rows_list})
 
 
 def main() -> None:
@@ -62,19 +89,24 @@ def main() -> None:
     parser.add_argument("--formats", default="none,int8,int4,w8a8,w4a8")
     parser.add_argument("--context", type=int, default=800)
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)),
+                        help="tokens per measured forward, comma-separated; the first is the ratios' unit")
+    parser.add_argument("--tree", action="store_true", help="verify tree nodes (tree attention mask), not a chain")
     parser.add_argument("--json", default="benchmarks/results/verify_cost.json")
     args = parser.parse_args()
+    rows_list = tuple(int(n) for n in args.rows.split(","))
     print(f"{cpu_model()} ({effective_isa()}), {torch.get_num_threads()} threads, {args.context} cached tokens")
-    print(f"{'format':<44}{'prefill tok/s':>14}" + "".join(f"{f'{n} tok':>14}" for n in ROWS))
+    print(f"{'format':<44}{'prefill tok/s':>14}" + "".join(f"{f'{n} node' if args.tree else f'{n} tok':>14}"
+                                                         for n in rows_list))
     results = []
     for quantize in args.formats.split(","):
         reason = {"w8a8": w8a8_available, "w4a8": w4a8_available}.get(quantize, lambda: None)()
         if reason is not None:
             print(f"{quantize:<44}skipped: {reason}")
             continue
-        row = measure(args.model, quantize, args.context, args.steps)
+        row = measure(args.model, quantize, args.context, args.steps, rows_list, args.tree)
         results.append(row)
-        cells = "".join(f"{row['step_ms'][n]:>7.1f} ({row['ratio'][n]:.2f}x)" for n in ROWS)
+        cells = "".join(f"{row['step_ms'][n]:>7.1f} ({row['ratio'][n]:.2f}x)" for n in rows_list)
         print(f"{row['format']:<44}{row['prefill_tok_s']:>14.0f}{cells}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(dict(cpu=cpu_model(), isa=effective_isa(), results=results), indent=1))

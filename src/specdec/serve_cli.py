@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 EPILOG_SERVE = """\
@@ -58,6 +59,12 @@ def add_serve_command(sub) -> None:
                        help="every request's lenience: LOSSY below 1 (Leviathan et al., Appendix A.5), drafts are "
                             "accepted more easily and the output drifts from the target's; /v1/models and each "
                             "response's `speculative` block say so (default: 1 = exact)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require `Authorization: Bearer KEY` on /v1 routes (and /metrics): others get 401. "
+                            "Default: $SPECDEC_API_KEY, else none (anyone who reaches the port may use it)")
+    serve.add_argument("--public-metrics", action="store_true",
+                       help="with an API key, leave /metrics open (for a Prometheus scraper without the key); "
+                            "/health is always open")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -91,14 +98,16 @@ def cmd_serve(args) -> int:
     target, draft = load_models(config)
     name = args.served_model_name or config.target
     spec_max_batch = spec_max_batch_of(args.spec_max_batch, target.runner.device.type)
+    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     app = build_server(target.runner, target.tokenizer, name=name, config=config,
                        draft_runner=draft.runner if draft else None, slots=args.max_batch,
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, spec_max_batch=spec_max_batch,
-                       lenience=args.lenience)
+                       lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics)
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     print(f"specdec: serving {name!r} ({config.method}, k={config.k}, {args.max_batch} rows{drafting}, queue "
-          f"{args.max_queue}) on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+          f"{args.max_queue}) on http://{args.host}:{args.port}/v1"
+          f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

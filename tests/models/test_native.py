@@ -322,3 +322,20 @@ def test_one_token_steps_are_bit_identical_to_a_multi_token_forward(dtype, quant
     # Exact in fp32 too: attention's reduction order is fixed per query (native/attention.py).
     for chunks in ([1] * 9, [2, 5, 1, 1], [3, 3, 3], [5, 4]):
         assert torch.equal(logits_in_chunks(chunks), together), chunks
+
+
+def test_rows_move_and_trees_roll_back_after_the_cache_grew_under_inference_mode():
+    """A row that outgrows the cache reallocates it inside forward (inference mode); the batched
+    engine's move_row and a tree's keep_path then copy into that storage from outside it. This
+    failed on a real server ("Inplace update to inference tensor outside InferenceMode")."""
+    runner = make_native(make_model(seed=0), batch_size=2, initial_cache_len=16)
+    first_capacity = runner.cache.capacity
+    tokens = torch.randint(0, VOCAB_SIZE, (2, 200), generator=torch.Generator().manual_seed(0))
+    runner.forward(tokens, torch.arange(200).expand(2, -1))
+    assert first_capacity < 200 <= runner.cache.capacity  # grown inside forward
+    runner.move_row(1, 0)
+    assert torch.equal(runner.cache.keys[:, 0, :, :200], runner.cache.keys[:, 1, :, :200])
+    single = make_native(make_model(seed=0), initial_cache_len=16)
+    single.forward(tokens[:1], torch.arange(200)[None])
+    single.keep_path(190, [2, 5])
+    assert single.seq_len == 193

@@ -315,3 +315,25 @@ def test_the_openapi_schema_documents_the_error_bodies(url):
     responses = schema["paths"]["/v1/completions"]["post"]["responses"]
     assert {"200", "400", "404", "429", "503"} <= set(responses)
     assert json.dumps(schema).count("ErrorBody") >= 4
+
+
+@pytest.mark.parametrize("public_metrics", [False, True])
+def test_an_api_key_guards_v1_and_metrics_but_not_health(public_metrics):
+    """--api-key: a request without `Authorization: Bearer KEY` gets 401 and an OpenAI-style body; the
+    official client with the key is served, with a wrong key raises AuthenticationError."""
+    with serve(tiny_app(slots=1, api_key="s3cret", public_metrics=public_metrics)) as base, \
+            httpx.Client(timeout=30) as http:
+        assert http.get(f"{base}/health").status_code == 200
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")):
+            answer = http.request(method, f"{base}{path}", json={"model": MODEL_NAME, "prompt": "hi"})
+            assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key", path
+            assert answer.headers["www-authenticate"] == "Bearer"
+        wrong = http.get(f"{base}/v1/models", headers={"Authorization": "Bearer s3cre"})
+        assert wrong.status_code == 401
+        assert http.get(f"{base}/metrics").status_code == (200 if public_metrics else 401)
+        assert http.get(f"{base}/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="s3cret", max_retries=0)
+        reply = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=4, temperature=0)
+        assert reply.usage.completion_tokens == 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="nope", max_retries=0).models.list()

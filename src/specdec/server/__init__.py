@@ -25,7 +25,8 @@ __all__ = ["build_server"]
 def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, draft_runner=None,
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
                  max_context: int | None = None, default_max_tokens: int = 256,
-                 spec_max_batch: int | None = None, lenience: float = 1.0) -> FastAPI:
+                 spec_max_batch: int | None = None, lenience: float = 1.0, api_key: str | None = None,
+                 public_metrics: bool = False) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
     and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
@@ -61,4 +62,4 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,
                          int(time.time()), float(lenience))
-    return create_app(scheduler, served)
+    return create_app(scheduler, served, api_key=api_key, public_metrics=public_metrics)

@@ -6,6 +6,10 @@
     GET  /health                200 while the engine thread runs, else 503
     GET  /metrics               Prometheus text format (server/metrics.py)
 
+With an API key (`specdec serve --api-key`, or $SPECDEC_API_KEY) every /v1 route, and
+/metrics unless it is made public, answers 401 to a request without
+`Authorization: Bearer KEY`; /health stays open for load balancers.
+
 Responses carry the usual `usage` and one extra object, `speculative`, with
 what speculation did for that request (drafted and accepted tokens, mean
 accepted length). Every error, from malformed JSON to a full queue, is an
@@ -16,6 +20,7 @@ status; no input can take the server down.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -41,7 +46,8 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -
 GENERATION_RESPONSES = {200: {"description": "the completion; with stream=true, server-sent events of chunks "
                                            "ending in `data: [DONE]`",
                             "content": {"application/json": {}, "text/event-stream": {}}}, **ERROR_RESPONSES}
-REJECTION_REASONS = {400: "bad_request", 404: "not_found", 429: "queue_full", 503: "unavailable"}
+REJECTION_REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 429: "queue_full",
+                     503: "unavailable"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,9 @@ class ServedModel:
         return {"method": self.method, "k": self.k, **lossy}
 
 
-def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
+def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None = None,
+               public_metrics: bool = False) -> FastAPI:
+    """api_key: required on /v1 (and /metrics unless public_metrics) as `Authorization: Bearer KEY`."""
     metrics = scheduler.metrics
 
     @asynccontextmanager
@@ -104,6 +112,21 @@ def create_app(scheduler: Scheduler, served: ServedModel) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected(_request, error: Exception):
         return error_response(APIError(500, f"internal error: {error}", type="server_error"))
+
+    # ---- access: an API key, compared in constant time ------------------------------------------
+
+    if api_key:
+        guarded = ("/v1/",) if public_metrics else ("/v1/", "/metrics")
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def require_key(request: HTTPRequest, call_next):
+            if request.url.path.startswith(guarded) and not hmac.compare_digest(
+                    request.headers.get("authorization", "").encode(), expected):
+                return error_response(APIError(
+                    401, "missing or incorrect API key: send it as 'Authorization: Bearer KEY'",
+                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
+            return await call_next(request)
 
     # ---- plain endpoints --------------------------------------------------------------------
 

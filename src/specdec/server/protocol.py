@@ -43,6 +43,7 @@ class ErrorBody(BaseModel):
 
 ERROR_RESPONSES = {status: {"model": ErrorBody, "description": description} for status, description in (
     (400, "invalid request: malformed JSON, a field of the wrong type or out of range, a prompt too long"),
+    (401, "the server has an API key and the request did not send it (Authorization: Bearer KEY)"),
     (404, "the model is not the one this server serves"),
     (429, "the queue is full; retry after the Retry-After header's seconds"),
     (503, "the engine is not running (starting or shutting down)"),

@@ -123,6 +123,9 @@ class NativeRunner:
             lengths = lengths * len(cache.seq_lens)
         cache.truncate([min(new, old) for new, old in zip(lengths, cache.seq_lens)])
 
+    # The cache's storage is (re)allocated inside forward, under inference mode, once a row
+    # outgrows it; in-place copies into such an inference tensor are allowed only in that mode.
+    @torch.inference_mode()
     def keep_path(self, start: int, offsets: list[int]) -> None:
         """Tree verification's rollback (one row): keep the root at slot start and the
         accepted path's inputs (offsets from start, root excluded), packed after it."""
@@ -130,6 +133,7 @@ class NativeRunner:
             raise ValueError("tree verification runs one request at a time")
         self.cache.keep_path(0, start, offsets)
 
+    @torch.inference_mode()
     def move_row(self, source: int, destination: int) -> None:
         self.cache.move_row(source, destination)
 
