@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import make_model, make_native
@@ -256,7 +257,9 @@ BAD_REQUESTS = [
     ("completions", {"model": MODEL_NAME, "prompt": "hi " * 3000}, 400, "context"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 5000}, 400, "context"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "n": 2}, 400, "n (only n=1)"),
-    ("completions", {"model": MODEL_NAME, "prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+                          "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
     ("completions", {"model": "gpt-4", "prompt": "hi"}, 404, "does not exist"),
     ("chat/completions", {"model": MODEL_NAME, "messages": []}, 400, "messages"),
     ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
@@ -337,3 +340,48 @@ def test_an_api_key_guards_v1_and_metrics_but_not_health(public_metrics):
         assert reply.usage.completion_tokens == 4
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{base}/v1", api_key="nope", max_retries=0).models.list()
+
+
+def _target_logprobs(prompt_ids: list[int], token_ids: list[int], temperature: float) -> torch.Tensor:
+    """[n, V] log-probabilities of the target (the transformers model) at each emitted position:
+    the raw softmax at temperature 0, the tempered one above it."""
+    model = make_model(seed=0)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + token_ids])).logits[0, len(prompt_ids) - 1:-1].float()
+    return torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_completion_logprobs_are_the_targets_at_the_emitted_positions(client, temperature):
+    """logprobs=N on a speculative server: each token's log-probability under the target's (warped)
+    distribution at its position, whatever the draft proposed, and the N most likely alternatives."""
+    reply = client.completions.create(model=MODEL_NAME, prompt="hello world", max_tokens=12, temperature=temperature,
+                                      seed=3, logprobs=3, extra_body={"return_token_ids": True})
+    choice = reply.choices[0]
+    ids, logprobs = choice.model_extra["token_ids"], choice.logprobs
+    assert len(logprobs.tokens) == len(ids) == 12 and "".join(logprobs.tokens) == choice.text
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset[1] == len(logprobs.tokens[0])
+    expected = _target_logprobs(chat_tokenizer()("hello world")["input_ids"], ids, temperature)
+    for j, token in enumerate(ids):
+        assert logprobs.token_logprobs[j] == pytest.approx(float(expected[j, token]), abs=1e-4)
+        top = logprobs.top_logprobs[j]  # a dict by text: ids the tiny tokenizer cannot spell share the key ""
+        assert 1 <= len(top) <= 3 and all(value <= 0 for value in top.values())
+    assert reply.model_extra["speculative"]["drafted_tokens"] > 0  # speculation ran, and changed nothing
+
+
+def test_chat_logprobs_streamed_and_whole_agree(client):
+    messages = [{"role": "user", "content": "hi there"}]
+    whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+    content = whole.choices[0].logprobs.content
+    assert "".join(entry.token for entry in content) == whole.choices[0].message.content
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in content)
+    # Greedy: the emitted token is the most likely one, so it heads its own alternatives.
+    assert all(entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+               and entry.logprob >= entry.top_logprobs[1].logprob for entry in content)
+    assert all(entry.bytes == list(entry.token.encode()) for entry in content)
+    streamed = [entry for chunk in client.chat.completions.create(
+                    model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0, logprobs=True, top_logprobs=2,
+                    stream=True)
+                for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
+    assert [(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in content]

@@ -28,12 +28,15 @@ import torch
 
 from specdec.engine.engine import verify_step
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request, check_generation_options, encode_prompt
+from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
 from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
 @dataclass
@@ -47,6 +50,7 @@ class RowUpdate:
     stats: RequestStats  # the request's running totals
     drafted: int = 0  # this step's drafts for the request
     accepted: int = 0  # of which accepted
+    logprobs: list[TokenLogprob] | None = None  # token_ids' log-probabilities, where the request asked
 
 
 @dataclass
@@ -98,14 +102,18 @@ class BatchEngine:
 
     def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                      max_new_tokens: int = 128, stop: Sequence[str] = (), chat: bool = False,
-                     ignore_eos: bool = False) -> Request:
-        """Validate and encode; raises ValueError for bad input, before anything runs."""
+                     ignore_eos: bool = False, logprobs: int | None = None) -> Request:
+        """Validate and encode; raises ValueError for bad input, before anything runs.
+        logprobs: report each token's log-probability and this many top alternatives (None: off)."""
         stop = check_generation_options(max_new_tokens, stop)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS} or None, got {logprobs!r}")
         ids = encode_prompt(self.tokenizer, prompt, self.max_context, chat, self.target.vocab_size)
         return Request(prompt_ids=ids,
                        params=params or SamplingParams(), max_new_tokens=max_new_tokens,
                        eos_token_ids=frozenset() if ignore_eos else self.eos_token_ids, stop=stop,
-                       tokenizer=self.tokenizer)
+                       tokenizer=self.tokenizer, logprobs=logprobs)
 
     @property
     def running(self) -> int:
@@ -210,13 +218,17 @@ class BatchEngine:
         for b, row in enumerate(rows):
             kept = row.request.commit(verified[b])
             row.tokens += kept
+            logprobs = None
+            if row.request.logprobs is not None:  # the target's, at the positions that emitted them
+                logprobs = token_logprobs(target_logits[b], kept, row.request.params, row.request.logprobs)
+                row.request.token_logprobs += logprobs
             row.stats.record_step(num_draft[b], num_accepted[b], len(kept))
             row.stats.decode_time_s = now - row.decode_started
             if not row.request.finished and len(row.tokens) >= self.max_context:
                 row.request.finish("length")
             text = row.request.text_delta() if self.tokenizer is not None else ""
             updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats,
-                                     num_draft[b], num_accepted[b]))
+                                     num_draft[b], num_accepted[b], logprobs))
             if row.request.finished:
                 finished.append(b)
         end_row = getattr(self.proposer, "end_row", None)

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from specdec.sampling.params import SamplingParams
+from specdec.sampling.warp import warp_logits
 
 
 def chat_template_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -58,6 +61,34 @@ def check_generation_options(max_new_tokens: int, stop: Sequence[str] | str) -> 
     return tuple(stop)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One committed token's log-probability under the target, and the `top` most likely
+    alternatives at its position, as (token id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], params: SamplingParams, top: int) -> list[TokenLogprob]:
+    """Log-probabilities of token_ids[j] at logits[j] ([n, V]) under the distribution the request samples
+    from: the target's warped distribution (temperature, top-k, top-p, min-p) when it samples; at
+    temperature 0 the unwarped softmax, since the warped one is a point mass (vLLM and OpenAI report
+    the same). Speculation does not change these: they are the target's, at the committed positions."""
+    if not token_ids:
+        return []
+    logits = logits[: len(token_ids)].float()
+    logprobs = torch.log_softmax(logits, dim=-1) if params.greedy else torch.log(warp_logits(logits, params))
+    chosen = logprobs.gather(-1, torch.tensor(token_ids, device=logits.device)[:, None])[:, 0].tolist()
+    alternatives = [[]] * len(token_ids)
+    if top > 0:
+        values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]), dim=-1)
+        alternatives = [[(i, v) for i, v in zip(row_ids, row_values) if v != float("-inf")]  # filtered out: none
+                        for row_ids, row_values in zip(ids.tolist(), values.tolist())]
+    return [TokenLogprob(token, value, tuple(alts)) for token, value, alts in zip(token_ids, chosen, alternatives)]
+
+
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -67,6 +98,8 @@ class Request:
     stop: tuple[str, ...] = ()
     tokenizer: object | None = None  # needed for text and stop strings
     generated: list[int] = field(default_factory=list)
+    logprobs: int | None = None  # None: none; N >= 0: each token's log-probability and its N top alternatives
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked
     finish_reason: str | None = None  # "eos" | "stop" | "length"
     text: str = ""
     _streamed_chars: int = 0

@@ -69,6 +69,33 @@ class ServedModel:
         return {"method": self.method, "k": self.k, **lossy}
 
 
+def _token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id])
+
+
+def completion_logprobs(items: list, tokenizer) -> dict:
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs (a dict per token) and
+    text_offset (each token's start in the choice's text)."""
+    tokens = [_token_text(tokenizer, item.token_id) for item in items]
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": tokens, "token_logprobs": [item.logprob for item in items],
+            "top_logprobs": [{_token_text(tokenizer, t): lp for t, lp in item.top} for item in items],
+            "text_offset": offsets}
+
+
+def chat_logprobs(items: list, tokenizer) -> dict:
+    """The chat shape: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    def entry(token_id: int, logprob: float) -> dict:
+        text = _token_text(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {"content": [{**entry(item.token_id, item.logprob),
+                         "top_logprobs": [entry(t, lp) for t, lp in item.top]} for item in items]}
+
+
 def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None = None,
                public_metrics: bool = False) -> FastAPI:
     """api_key: required on /v1 (and /metrics unless public_metrics) as `Authorization: Bearer KEY`."""
@@ -155,15 +182,17 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         job = _submit(body, ids, "completions", default_max_tokens=16)  # OpenAI's default for completions
         response_id = f"cmpl-{uuid.uuid4().hex}"
 
-        def chunk(text: str, finish: str | None) -> dict:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        def chunk(text: str, finish: str | None, logprobs: list | None = None) -> dict:
+            choice = {"index": 0, "text": text, "logprobs": None if logprobs is None else
+                      completion_logprobs(logprobs, served.tokenizer), "finish_reason": finish}
             return {"id": response_id, "object": "text_completion", "created": int(time.time()),
                     "model": served.name, "choices": [choice]}
 
         if body.stream:
             return _event_stream(job, body, chunk, first=None)
         final = await _final_update(job, http_request)
-        response = chunk(job.request.text, FINISH_REASONS[final.finish_reason])
+        response = chunk(job.request.text, FINISH_REASONS[final.finish_reason],
+                         job.request.token_logprobs if job.request.logprobs is not None else None)
         if body.return_token_ids:
             response["choices"][0]["token_ids"] = list(job.request.generated)
         return {**response, **_usage_fields(job.request, final.stats)}
@@ -179,16 +208,21 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         job = _submit(body, ids, "chat", default_max_tokens=served.default_max_tokens)
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
 
-        def chunk(text: str | None, finish: str | None) -> dict:
+        def chunk(text: str | None, finish: str | None, logprobs: list | None = None) -> dict:
             delta = {} if text is None else {"content": text}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            if logprobs is not None:
+                choice["logprobs"] = chat_logprobs(logprobs, served.tokenizer)
             return {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                    "model": served.name, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                    "model": served.name, "choices": [choice]}
 
         if body.stream:
             return _event_stream(job, body, chunk, first={"role": "assistant", "content": ""})
         final = await _final_update(job, http_request)
         choice = {"index": 0, "message": {"role": "assistant", "content": job.request.text},
-                  "finish_reason": FINISH_REASONS[final.finish_reason], "logprobs": None}
+                  "finish_reason": FINISH_REASONS[final.finish_reason],
+                  "logprobs": None if job.request.logprobs is None else
+                  chat_logprobs(job.request.token_logprobs, served.tokenizer)}
         ids = {}
         if body.return_token_ids:  # vLLM's extension, where vLLM puts them
             choice["token_ids"] = list(job.request.generated)
@@ -217,6 +251,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         unsupported = body.unsupported()
         if unsupported:
             raise APIError(400, f"not supported by specdec: {', '.join(unsupported)}", code="unsupported")
+        logprob_count = body.logprob_count()
         room = served.max_context - len(ids)
         max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max_tokens, room)
         if max_tokens > room:
@@ -227,7 +262,8 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
             params = SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
                                     min_p=body.min_p, seed=body.seed, lenience=served.lenience)
             request = scheduler.engine.make_request(ids, params, max_new_tokens=max_tokens,
-                                                    stop=body.stop_strings, ignore_eos=body.ignore_eos)
+                                                    stop=body.stop_strings, ignore_eos=body.ignore_eos,
+                                                    logprobs=logprob_count)
         except ValueError as error:
             raise APIError(400, str(error)) from None
         try:
@@ -279,13 +315,19 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
                     opening["choices"][0]["delta"] = first
                     yield _sse(opening)
                 # Starlette cancels this generator when the client disconnects (ASGI 2.3).
+                pending = []  # log-probabilities of tokens whose text is still held back
                 async for update in _updates(job, None):
+                    pending += update.logprobs or []
+                    wanted = pending if job.request.logprobs is not None else None
                     if update.text:
-                        yield _sse(chunk(update.text, None))
+                        yield _sse(chunk(update.text, None, wanted))
+                        pending = []
+                        wanted = [] if wanted is not None else None
                     if update.finish_reason is None:
                         continue
                     usage = _usage_fields(job.request, update.stats)
-                    closing = chunk(None if first is not None else "", FINISH_REASONS[update.finish_reason])
+                    closing = chunk(None if first is not None else "", FINISH_REASONS[update.finish_reason],
+                                    wanted if wanted else None)
                     closing["speculative"] = usage["speculative"]
                     yield _sse(closing)
                     if include_usage:

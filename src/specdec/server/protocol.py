@@ -3,7 +3,7 @@
 Requests are validated strictly (a string is not a number, a bool is not an
 integer) so that a client's mistake is a 400 naming the field, never a guess.
 Unknown fields are ignored, as OpenAI does; known options specdec cannot honour
-(n > 1, logprobs, penalties, ...) are refused by name rather than silently dropped.
+(n > 1, penalties, ...) are refused by name rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (engine/batch.py enforces it too)
 
 
 class APIError(Exception):
@@ -78,6 +79,10 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
+    def logprob_count(self) -> int | None:
+        """None: no log-probabilities; N: each token's and its N most likely alternatives."""
+        return None
+
     def unsupported(self) -> list[str]:
         """Options asked for that specdec does not implement (each would change the output)."""
         asked = []
@@ -100,16 +105,17 @@ class CompletionRequest(SamplingRequest):
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[int], Field(min_length=1)] | \
         Annotated[list[str], Field(min_length=1, max_length=1)]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # legacy: N top alternatives
     best_of: int | None = None
     suffix: str | None = None
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> list[str]:
         asked = super().unsupported()
         if self.echo:
             asked.append("echo")
-        if self.logprobs is not None:
-            asked.append("logprobs")
         if self.best_of not in (None, 1):
             asked.append("best_of")
         if self.suffix:
@@ -143,12 +149,16 @@ class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # needs logprobs: true
     tools: list[dict] | None = None
+
+    def logprob_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def unsupported(self) -> list[str]:
         asked = super().unsupported()
-        if self.logprobs:
-            asked.append("logprobs")
         if self.tools:
             asked.append("tools")
         return asked
