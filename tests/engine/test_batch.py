@@ -247,3 +247,22 @@ def test_long_prompts_read_in_chunks_and_windows_match_each_request_alone(models
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
         drafted += alone.stats.drafted_tokens
     assert drafted > 0
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "draft"])
+def test_requests_with_one_prompt_share_its_prefill_and_still_equal_each_alone(models, tokenizer, method):
+    """n > 1 samples of one prompt (and repeated requests): the second and later rows copy the running
+    twin's prefill instead of recomputing it, even after the twin has generated, and every request's
+    tokens are still exactly what it writes alone."""
+    single = _single(models, tokenizer, method)
+    batched = _batched(models, tokenizer, method)
+    prompt = "one two three four five six seven"
+    params = [SamplingParams(temperature=1.0, seed=7 + i) for i in range(3)] + [SamplingParams(temperature=0)]
+    lengths = [40, 12, 20, 20]
+    requests = {i: batched.make_request(prompt, p, max_new_tokens=n) for i, (p, n) in enumerate(zip(params, lengths))}
+    got = run_all(batched, requests)  # 3 slots: the fourth joins once row 1 is free, its twin 0 mid-answer
+    for i, (p, n) in enumerate(zip(params, lengths)):
+        alone = single.generate(prompt, p, max_new_tokens=n)
+        assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
+    assert batched.shared_prefills == 3
+    assert len({tuple(tokens) for tokens, _ in got.values()}) > 1  # distinct seeds, distinct samples

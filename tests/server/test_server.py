@@ -256,7 +256,8 @@ BAD_REQUESTS = [
     ("completions", {"model": MODEL_NAME}, 400, "prompt"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi " * 3000}, 400, "context"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 5000}, 400, "context"),
-    ("completions", {"model": MODEL_NAME, "prompt": "hi", "n": 2}, 400, "n (only n=1)"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "n": 0}, 400, "n"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "n": 17}, 400, "n"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
                           "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
@@ -385,3 +386,28 @@ def test_chat_logprobs_streamed_and_whole_agree(client):
                     stream=True)
                 for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
     assert [(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in content]
+
+
+def test_n_samples_share_one_prefill_and_each_is_the_seeded_request_alone(client, url):
+    """n=3 with a seed: choice i is what the request seeded seed + i writes alone (so the choices differ),
+    streamed or not; the prompt is counted once, the choices' tokens all."""
+    messages = [{"role": "user", "content": "tell me"}]
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=1.0,
+                                           seed=11, n=3)
+    texts = [choice.message.content for choice in sorted(reply.choices, key=lambda c: c.index)]
+    alone = [client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=1.0,
+                                            seed=11 + i).choices[0].message.content for i in range(3)]
+    assert texts == alone and len(set(texts)) > 1
+    assert reply.usage.completion_tokens == 24 and reply.usage.prompt_tokens == len(
+        chat_template_ids(chat_tokenizer(), messages))
+    streamed = {0: "", 1: "", 2: ""}
+    finished = set()
+    for chunk in client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=1.0,
+                                                seed=11, n=3, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert [streamed[i] for i in range(3)] == texts and finished == {0, 1, 2}
+    completion = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=6, temperature=0, n=2)
+    assert len(completion.choices) == 2 and completion.choices[0].text == completion.choices[1].text  # greedy

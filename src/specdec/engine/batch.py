@@ -97,6 +97,7 @@ class BatchEngine:
         self.max_context = target.max_context
         self._rows: list[_Running] = []
         self.last_step = StepInfo()
+        self.shared_prefills = 0  # requests whose prefill was copied from a running twin (same prompt)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -136,8 +137,16 @@ class BatchEngine:
         running.stats.prompt_tokens = len(request.prompt_ids)
         started = time.perf_counter()
         rows = slice(row, row + 1)
-        self.target.truncate([0], rows=rows)
-        if len(request.prompt_ids) > 1:  # the cache holds all but the last token, which opens the first step
+        twin = self._row_with_prompt(request.prompt_ids)
+        if twin is not None:
+            # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
+            # with exactly this prefill, computed by the same forward, so copy it instead of recomputing.
+            self.target.move_row(twin, row)  # a copy: the source row keeps its entries
+            self.target.truncate([len(request.prompt_ids) - 1], rows=rows)
+            self.shared_prefills += 1
+        else:
+            self.target.truncate([0], rows=rows)
+        if twin is None and len(request.prompt_ids) > 1:  # the cache holds all but the last token
             ids = torch.tensor([request.prompt_ids[:-1]], dtype=torch.int64, device=self.target.device)
             self.target.forward(ids, torch.arange(ids.shape[1], device=self.target.device)[None], rows=rows,
                                 last_n_logits=1)
@@ -146,6 +155,15 @@ class BatchEngine:
         running.stats.prefill_time_s = time.perf_counter() - started
         running.decode_started = time.perf_counter()
         self._rows.append(running)
+
+    def _row_with_prompt(self, prompt_ids: list[int]) -> int | None:
+        """A running row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
+        if len(prompt_ids) < 2:
+            return None
+        for row, running in enumerate(self._rows):
+            if running.request.prompt_ids == prompt_ids:
+                return row
+        return None
 
     def remove(self, handle: Hashable) -> bool:
         """Drop a request (its client went away); False if it is not running."""

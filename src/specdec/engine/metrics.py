@@ -36,6 +36,19 @@ class RequestStats:
             for j in range(upto):
                 counts[j] += 1
 
+    def merge(self, other: RequestStats) -> None:
+        """Add another request's counts (the server's n > 1 choices of one prompt: their totals).
+        Times add up too: the total is the compute spent, not the wall time the client waited."""
+        for name in ("prompt_tokens", "generated_tokens", "target_forwards", "drafted_tokens", "accepted_tokens",
+                     "prefill_time_s", "decode_time_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_per_step += other.accepted_per_step
+        for mine, theirs in ((self.drafted_per_position, other.drafted_per_position),
+                             (self.accepted_per_position, other.accepted_per_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for j, count in enumerate(theirs):
+                mine[j] += count
+
     @property
     def total_time_s(self) -> float:
         return self.prefill_time_s + self.decode_time_s

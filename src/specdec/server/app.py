@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.batch import RowUpdate
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request, chat_template_ids, encode_prompt
+from specdec.engine.request import chat_template_ids, encode_prompt
 from specdec.sampling.params import SamplingParams
 from specdec.server.protocol import (ERROR_RESPONSES, APIError, ChatCompletionRequest, CompletionRequest,
                                      SamplingRequest)
@@ -179,23 +179,26 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
     async def completions(body: CompletionRequest, http_request: HTTPRequest):
         prompt = body.prompt_input
         ids = _encode(lambda: _checked(prompt), "prompt")
-        job = _submit(body, ids, "completions", default_max_tokens=16)  # OpenAI's default for completions
+        jobs = _submit(body, ids, "completions", default_max_tokens=16)  # OpenAI's default for completions
         response_id = f"cmpl-{uuid.uuid4().hex}"
 
-        def chunk(text: str, finish: str | None, logprobs: list | None = None) -> dict:
-            choice = {"index": 0, "text": text, "logprobs": None if logprobs is None else
+        def chunk(text: str, finish: str | None, logprobs: list | None = None, index: int = 0) -> dict:
+            choice = {"index": index, "text": text, "logprobs": None if logprobs is None else
                       completion_logprobs(logprobs, served.tokenizer), "finish_reason": finish}
             return {"id": response_id, "object": "text_completion", "created": int(time.time()),
                     "model": served.name, "choices": [choice]}
 
         if body.stream:
-            return _event_stream(job, body, chunk, first=None)
-        final = await _final_update(job, http_request)
-        response = chunk(job.request.text, FINISH_REASONS[final.finish_reason],
-                         job.request.token_logprobs if job.request.logprobs is not None else None)
-        if body.return_token_ids:
-            response["choices"][0]["token_ids"] = list(job.request.generated)
-        return {**response, **_usage_fields(job.request, final.stats)}
+            return _event_stream(jobs, body, chunk, first=None)
+        finals = await _final_updates(jobs, http_request)
+        choices = []
+        for index, (job, final) in enumerate(zip(jobs, finals)):
+            choice = chunk(job.request.text, FINISH_REASONS[final.finish_reason], _logprobs_of(job),
+                           index)["choices"][0]
+            if body.return_token_ids:
+                choice["token_ids"] = list(job.request.generated)
+            choices.append(choice)
+        return {**chunk("", None), "choices": choices, **_usage_fields(jobs, finals)}
 
     @app.post("/v1/chat/completions", responses=GENERATION_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, http_request: HTTPRequest):
@@ -205,30 +208,32 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         ids = _encode(lambda: _checked(chat_template_ids(served.tokenizer, messages)), "messages")
         if body.max_completion_tokens is not None:
             body = body.model_copy(update={"max_tokens": body.max_completion_tokens})
-        job = _submit(body, ids, "chat", default_max_tokens=served.default_max_tokens)
+        jobs = _submit(body, ids, "chat", default_max_tokens=served.default_max_tokens)
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
 
-        def chunk(text: str | None, finish: str | None, logprobs: list | None = None) -> dict:
+        def chunk(text: str | None, finish: str | None, logprobs: list | None = None, index: int = 0) -> dict:
             delta = {} if text is None else {"content": text}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "finish_reason": finish}
             if logprobs is not None:
                 choice["logprobs"] = chat_logprobs(logprobs, served.tokenizer)
             return {"id": response_id, "object": "chat.completion.chunk", "created": int(time.time()),
                     "model": served.name, "choices": [choice]}
 
         if body.stream:
-            return _event_stream(job, body, chunk, first={"role": "assistant", "content": ""})
-        final = await _final_update(job, http_request)
-        choice = {"index": 0, "message": {"role": "assistant", "content": job.request.text},
-                  "finish_reason": FINISH_REASONS[final.finish_reason],
-                  "logprobs": None if job.request.logprobs is None else
-                  chat_logprobs(job.request.token_logprobs, served.tokenizer)}
-        ids = {}
-        if body.return_token_ids:  # vLLM's extension, where vLLM puts them
-            choice["token_ids"] = list(job.request.generated)
-            ids = {"prompt_token_ids": list(job.request.prompt_ids)}
+            return _event_stream(jobs, body, chunk, first={"role": "assistant", "content": ""})
+        finals = await _final_updates(jobs, http_request)
+        choices = []
+        for index, (job, final) in enumerate(zip(jobs, finals)):
+            logprobs = _logprobs_of(job)
+            choice = {"index": index, "message": {"role": "assistant", "content": job.request.text},
+                      "finish_reason": FINISH_REASONS[final.finish_reason],
+                      "logprobs": None if logprobs is None else chat_logprobs(logprobs, served.tokenizer)}
+            if body.return_token_ids:  # vLLM's extension, where vLLM puts them
+                choice["token_ids"] = list(job.request.generated)
+            choices.append(choice)
+        ids = {"prompt_token_ids": list(jobs[0].request.prompt_ids)} if body.return_token_ids else {}
         return {"id": response_id, "object": "chat.completion", "created": int(time.time()), "model": served.name,
-                "choices": [choice], **_usage_fields(job.request, final.stats), **ids}
+                "choices": choices, **_usage_fields(jobs, finals), **ids}
 
     # ---- helpers (closures over scheduler and served) ---------------------------------------
 
@@ -244,7 +249,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         except Exception as error:  # noqa: BLE001 - e.g. a chat template that rejects the messages
             raise APIError(400, f"could not encode the {param}: {error}", param=param) from None
 
-    def _submit(body: SamplingRequest, ids: list[int], endpoint: str, default_max_tokens: int) -> Job:
+    def _submit(body: SamplingRequest, ids: list[int], endpoint: str, default_max_tokens: int) -> list[Job]:
         if body.model != served.name:
             raise APIError(404, f"the model {body.model!r} does not exist; this server serves {served.name!r}",
                            param="model", code="model_not_found")
@@ -259,20 +264,29 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
                                 f"and max_tokens asks for {max_tokens} more", param="max_tokens",
                            code="context_length_exceeded")
         try:
-            params = SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
-                                    min_p=body.min_p, seed=body.seed, lenience=served.lenience)
-            request = scheduler.engine.make_request(ids, params, max_new_tokens=max_tokens,
-                                                    stop=body.stop_strings, ignore_eos=body.ignore_eos,
-                                                    logprobs=logprob_count)
+            # n samples: one request each, seeds seed, seed + 1, ... (as vLLM), one shared prefill (engine/batch.py)
+            requests = [scheduler.engine.make_request(
+                ids, SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
+                                    min_p=body.min_p, seed=None if body.seed is None else body.seed + index,
+                                    lenience=served.lenience),
+                max_new_tokens=max_tokens, stop=body.stop_strings, ignore_eos=body.ignore_eos,
+                logprobs=logprob_count) for index in range(body.n)]
         except ValueError as error:
             raise APIError(400, str(error)) from None
+        jobs: list[Job] = []
         try:
-            return scheduler.submit(request, endpoint)
+            for request in requests:
+                jobs.append(scheduler.submit(request, endpoint))
+            return jobs
         except QueueFull as error:
             raise APIError(429, f"the server is at capacity ({error}); retry shortly", type="rate_limit_error",
                            code="queue_full", headers={"Retry-After": "1"}) from None
         except EngineStopped as error:
             raise APIError(503, str(error), type="server_error", code="unavailable") from None
+        finally:
+            if len(jobs) < len(requests):  # refused part-way: the samples already queued go too
+                for job in jobs:
+                    scheduler.cancel(job)
 
     async def _updates(job: Job, http_request: HTTPRequest | None) -> AsyncIterator[RowUpdate]:
         """The job's updates until it finishes; polls for a vanished client when given its request."""
@@ -305,55 +319,101 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
             scheduler.cancel(job)  # a no-op once finished; frees the row if the handler was cancelled
         raise APIError(500, "generation ended without a result", type="server_error")
 
-    def _event_stream(job: Job, body: SamplingRequest, chunk, first: dict | None) -> StreamingResponse:
+    async def _final_updates(jobs: list[Job], http_request: HTTPRequest) -> list[RowUpdate]:
+        try:
+            return list(await asyncio.gather(*(_final_update(job, http_request) for job in jobs)))
+        finally:
+            for job in jobs:  # one failed: the others stop too
+                scheduler.cancel(job)
+
+    def _logprobs_of(job: Job) -> list | None:
+        return job.request.token_logprobs if job.request.logprobs is not None else None
+
+    def _event_stream(jobs: list[Job], body: SamplingRequest, chunk, first: dict | None) -> StreamingResponse:
+        """Server-sent events of every choice, interleaved as their tokens come (each chunk names its
+        choice's index), a closing chunk per choice, then usage when asked and [DONE]."""
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
+        async def pump(index: int, job: Job, merged: asyncio.Queue) -> None:
+            try:
+                async for update in _updates(job, None):
+                    await merged.put((index, update))
+            except APIError as error:
+                await merged.put((index, error))
+            finally:
+                await merged.put((index, None))
+
         async def events() -> AsyncIterator[str]:
+            merged: asyncio.Queue = asyncio.Queue()
+            tasks = [asyncio.create_task(pump(index, job, merged)) for index, job in enumerate(jobs)]
+            finals: dict[int, RowUpdate] = {}
+            pending = {index: [] for index in range(len(jobs))}  # log-probabilities of text still held back
             try:
                 if first is not None:  # chat: the role comes first
-                    opening = chunk(None, None)
-                    opening["choices"][0]["delta"] = first
-                    yield _sse(opening)
+                    for index in range(len(jobs)):
+                        opening = chunk(None, None, None, index)
+                        opening["choices"][0]["delta"] = first
+                        yield _sse(opening)
                 # Starlette cancels this generator when the client disconnects (ASGI 2.3).
-                pending = []  # log-probabilities of tokens whose text is still held back
-                async for update in _updates(job, None):
-                    pending += update.logprobs or []
-                    wanted = pending if job.request.logprobs is not None else None
+                open_choices = len(jobs)
+                while open_choices:
+                    index, item = await merged.get()
+                    if item is None:
+                        open_choices -= 1
+                        continue
+                    if isinstance(item, APIError):
+                        yield _sse(item.body())
+                        break
+                    job, update = jobs[index], item
+                    pending[index] += update.logprobs or []
+                    wanted = pending[index] if job.request.logprobs is not None else None
                     if update.text:
-                        yield _sse(chunk(update.text, None, wanted))
-                        pending = []
+                        yield _sse(chunk(update.text, None, wanted, index))
+                        pending[index] = []
                         wanted = [] if wanted is not None else None
                     if update.finish_reason is None:
                         continue
-                    usage = _usage_fields(job.request, update.stats)
+                    finals[index] = update
                     closing = chunk(None if first is not None else "", FINISH_REASONS[update.finish_reason],
-                                    wanted if wanted else None)
-                    closing["speculative"] = usage["speculative"]
+                                    wanted if wanted else None, index)
+                    closing["speculative"] = _speculative([update.stats])
                     yield _sse(closing)
-                    if include_usage:
-                        yield _sse({**chunk("", None), "choices": [], **usage})
-            except APIError as error:
-                yield _sse(error.body())
+                if include_usage and len(finals) == len(jobs):
+                    yield _sse({**chunk("", None), "choices": [],
+                                **_usage_fields(jobs, [finals[index] for index in range(len(jobs))])})
             finally:
-                scheduler.cancel(job)
+                for task in tasks:
+                    task.cancel()
+                for job in jobs:
+                    scheduler.cancel(job)
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    def _usage_fields(request: Request, stats: RequestStats) -> dict:
-        prompt, completion = len(request.prompt_ids), len(request.generated)
+    def _usage_fields(jobs: list[Job], finals: list[RowUpdate]) -> dict:
+        """usage (the prompt once, every choice's tokens) and `speculative` (over all choices)."""
+        prompt = len(jobs[0].request.prompt_ids)
+        completion = sum(len(job.request.generated) for job in jobs)
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+                "speculative": _speculative([final.stats for final in finals])}
+
+    def _speculative(all_stats: list[RequestStats]) -> dict:
+        """What speculation did: one choice's stats, or the sums (and rates of the sums) over n choices."""
+        if len(all_stats) == 1:
+            stats = all_stats[0]
+        else:
+            stats = RequestStats()
+            for choice in all_stats:
+                stats.merge(choice)
         return {
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-            "speculative": {
-                **served.speculative_setup,
-                "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
-                "acceptance_rate": round(stats.acceptance_rate, 4),
-                "mean_accepted_length": round(stats.mean_accepted_length, 4),
-                "target_forwards": stats.target_forwards,
-                "acceptance_per_position": [round(rate, 4) for rate in stats.acceptance_per_position],
-                "prefill_s": round(stats.prefill_time_s, 4), "decode_s": round(stats.decode_time_s, 4),
-            },
+            **served.speculative_setup,
+            "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
+            "acceptance_rate": round(stats.acceptance_rate, 4),
+            "mean_accepted_length": round(stats.mean_accepted_length, 4),
+            "target_forwards": stats.target_forwards,
+            "acceptance_per_position": [round(rate, 4) for rate in stats.acceptance_per_position],
+            "prefill_s": round(stats.prefill_time_s, 4), "decode_s": round(stats.decode_time_s, 4),
         }
 
     return app

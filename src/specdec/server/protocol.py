@@ -3,7 +3,7 @@
 Requests are validated strictly (a string is not a number, a bool is not an
 integer) so that a client's mistake is a 400 naming the field, never a guess.
 Unknown fields are ignored, as OpenAI does; known options specdec cannot honour
-(n > 1, penalties, ...) are refused by name rather than silently dropped.
+(penalties, logit_bias, echo, best_of, ...) are refused by name rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (engine/batch.py enforces it too)
+MAX_CHOICES = 16  # n: each choice takes a row of the batch while it runs
 
 
 class APIError(Exception):
@@ -69,7 +70,7 @@ class SamplingRequest(BaseModel):
     min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0  # vLLM's extension
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1  # samples of one prompt, sharing its prefill
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever comes (benchmarks)
@@ -86,8 +87,6 @@ class SamplingRequest(BaseModel):
     def unsupported(self) -> list[str]:
         """Options asked for that specdec does not implement (each would change the output)."""
         asked = []
-        if self.n != 1:
-            asked.append("n (only n=1)")
         if self.presence_penalty or self.frequency_penalty:
             asked.append("presence_penalty / frequency_penalty")
         if self.logit_bias:
