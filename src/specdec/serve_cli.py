@@ -59,6 +59,10 @@ def add_serve_command(sub) -> None:
                        help="every request's lenience: LOSSY below 1 (Leviathan et al., Appendix A.5), drafts are "
                             "accepted more easily and the output drifts from the target's; /v1/models and each "
                             "response's `speculative` block say so (default: 1 = exact)")
+    serve.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
+                       help="chunked prefill: a newcomer's prompt is read N tokens per step, between the running "
+                            "requests' decode steps, so a long prompt does not stall every stream for its whole "
+                            "length (default: 256; 0 = whole prompts at once). Output is unchanged, bit for bit")
     serve.add_argument("--api-key", default=None, metavar="KEY",
                        help="require `Authorization: Bearer KEY` on /v1 routes (and /metrics): others get 401. "
                             "Default: $SPECDEC_API_KEY, else none (anyone who reaches the port may use it)")
@@ -84,6 +88,8 @@ def cmd_serve(args) -> int:
     config = config_from_args(args)
     check_batched_method(config.method)
     spec_max_batch_of(args.spec_max_batch, "cpu")  # validate before loading models
+    if args.prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk must be >= 0 (0 = whole prompts), got {args.prefill_chunk}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 < args.lenience <= 1:
@@ -103,7 +109,8 @@ def cmd_serve(args) -> int:
                        draft_runner=draft.runner if draft else None, slots=args.max_batch,
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, spec_max_batch=spec_max_batch,
-                       lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics)
+                       lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics,
+                       prefill_chunk=args.prefill_chunk or None)
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     print(f"specdec: serving {name!r} ({config.method}, k={config.k}, {args.max_batch} rows{drafting}, queue "

@@ -266,3 +266,54 @@ def test_requests_with_one_prompt_share_its_prefill_and_still_equal_each_alone(m
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
     assert batched.shared_prefills == 3
     assert len({tuple(tokens) for tokens, _ in got.values()}) > 1  # distinct seeds, distinct samples
+
+
+def _batched_chunked(models, tokenizer, method, chunk, slots=SLOTS):
+    target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
+    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
+    return BatchEngine(target, proposer, tokenizer, k=3, prefill_chunk=chunk)
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "draft"])
+def test_chunked_prefill_equals_whole_prefill_bit_for_bit(models, tokenizer, method):
+    """Prompts prefilled 4 tokens per step, interleaved with the other rows' decode steps: the cache
+    entries equal one whole prefill's bit for bit, and every request writes what it writes alone."""
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=3), SamplingParams(0.7, seed=4),
+              SamplingParams(temperature=0), SamplingParams(0.9, top_k=5, seed=5), SamplingParams(temperature=0)]
+    single = _single(models, tokenizer, method)
+    chunked = _batched_chunked(models, tokenizer, method, chunk=4)
+    requests = {i: chunked.make_request(PROMPTS[i] * 3, p, max_new_tokens=15) for i, p in enumerate(params)}
+    got = run_all(chunked, requests)
+    for i, p in enumerate(params):
+        alone = single.generate(PROMPTS[i] * 3, p, max_new_tokens=15)
+        assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
+
+    whole = make_native(models[0])
+    prompt = chunked.make_request(PROMPTS[6 - 1] * 3, params[0]).prompt_ids
+    whole.forward(torch.tensor([prompt[:-1]]), torch.arange(len(prompt) - 1)[None])
+    engine = _batched_chunked(models, tokenizer, "autoregressive", chunk=4, slots=1)
+    engine.add("p", engine.make_request(prompt, params[0]))
+    while engine._prefilling:
+        engine.step()
+    n = len(prompt) - 1
+    assert torch.equal(engine.target.cache.keys[:, 0, :, :n], whole.cache.keys[:, 0, :, :n])
+    assert torch.equal(engine.target.cache.values[:, 0, :, :n], whole.cache.values[:, 0, :, :n])
+
+
+def test_a_long_prompt_no_longer_stalls_running_streams(models, tokenizer):
+    """While a 100-token prompt is prefilled 8 tokens per step, the running request gets a token every
+    step; without chunking the newcomer's whole prefill happens before any of them."""
+    engine = _batched_chunked(models, tokenizer, "autoregressive", chunk=8)
+    engine.add("running", engine.make_request("hello", SamplingParams(temperature=0), max_new_tokens=60,
+                                              ignore_eos=True))
+    engine.step()
+    engine.add("long", engine.make_request("x" * 100, SamplingParams(temperature=0), max_new_tokens=4))
+    steps_while_prefilling = 0
+    while engine._prefilling:
+        updates = engine.step()
+        # "long" joins the step in which its prefill completes
+        assert [update.handle for update in updates if update.token_ids][0] == "running"
+        steps_while_prefilling += 1
+    assert steps_while_prefilling >= 100 // 8
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        BatchEngine(make_native(models[0]), None, tokenizer, prefill_chunk=0)

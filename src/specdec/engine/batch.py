@@ -61,6 +61,7 @@ class _Running:
     tokens: list[int]  # prompt and committed tokens
     stats: RequestStats = field(default_factory=RequestStats)
     decode_started: float = 0.0
+    prefilled: int = 0  # prompt tokens in the cache (all but the last once prefilled)
 
 
 @dataclass
@@ -82,9 +83,12 @@ class BatchEngine:
 
     def __init__(self, target: NativeRunner, proposer: BatchProposer | None = None, tokenizer: object | None = None,
                  *, k: int = 4, eos_token_ids: frozenset[int] | None = None,
-                 spec_max_batch: int | None = None) -> None:
+                 spec_max_batch: int | None = None, prefill_chunk: int | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1, got {k!r}")
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                          or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
         if spec_max_batch is not None and (isinstance(spec_max_batch, bool) or not isinstance(spec_max_batch, int)
                                            or spec_max_batch < 1):
             raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
@@ -95,7 +99,9 @@ class BatchEngine:
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
         self.slots = target.batch_size
         self.max_context = target.max_context
-        self._rows: list[_Running] = []
+        self._rows: list[_Running] = []  # decoding, packed in cache rows 0..R-1
+        self._prefilling: list[_Running] = []  # admitted, prompt not yet fully prefilled: rows R, R+1, ...
+        self.prefill_chunk = prefill_chunk
         self.last_step = StepInfo()
         self.shared_prefills = 0  # requests whose prefill was copied from a running twin (same prompt)
 
@@ -118,46 +124,70 @@ class BatchEngine:
 
     @property
     def running(self) -> int:
-        return len(self._rows)
+        """Requests holding a row: decoding, or still being prefilled."""
+        return len(self._rows) + len(self._prefilling)
 
     @property
     def free_slots(self) -> int:
-        return self.slots - len(self._rows)
+        return self.slots - self.running
 
     def handles(self) -> list[Hashable]:
-        return [row.handle for row in self._rows]
+        return [row.handle for row in (*self._rows, *self._prefilling)]
 
     def add(self, handle: Hashable, request: Request) -> None:
-        """Prefill the request into the next free row; it takes part in the next step."""
+        """Give the request the next free row. Its prompt is prefilled now (prefill_chunk None), or by
+        the next steps, at most prefill_chunk tokens per step, while the running rows keep decoding;
+        it decodes from the step after its prefill is complete."""
         if not self.free_slots:
             raise RuntimeError("no free row: wait until a request finishes")
-        row = len(self._rows)
         running = _Running(handle, request, request.params.make_generator(self.target.device),
                            list(request.prompt_ids))
         running.stats.prompt_tokens = len(request.prompt_ids)
-        started = time.perf_counter()
-        rows = slice(row, row + 1)
+        row = self.running  # rows are packed: decoding rows first, then the ones being prefilled
         twin = self._row_with_prompt(request.prompt_ids)
         if twin is not None:
             # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
             # with exactly this prefill, computed by the same forward, so copy it instead of recomputing.
             self.target.move_row(twin, row)  # a copy: the source row keeps its entries
-            self.target.truncate([len(request.prompt_ids) - 1], rows=rows)
+            self.target.truncate([len(request.prompt_ids) - 1], rows=slice(row, row + 1))
+            running.prefilled = len(request.prompt_ids) - 1
             self.shared_prefills += 1
         else:
-            self.target.truncate([0], rows=rows)
-        if twin is None and len(request.prompt_ids) > 1:  # the cache holds all but the last token
-            ids = torch.tensor([request.prompt_ids[:-1]], dtype=torch.int64, device=self.target.device)
-            self.target.forward(ids, torch.arange(ids.shape[1], device=self.target.device)[None], rows=rows,
-                                last_n_logits=1)
-        if self.proposer is not None:
-            self.proposer.start_row(row)
-        running.stats.prefill_time_s = time.perf_counter() - started
-        running.decode_started = time.perf_counter()
-        self._rows.append(running)
+            self.target.truncate([0], rows=slice(row, row + 1))
+        self._prefilling.append(running)
+        if self.prefill_chunk is None:
+            self._prefill(budget=None)
+
+    def _prefill(self, budget: int | None) -> None:
+        """Prefill waiting rows in arrival order, up to `budget` prompt tokens (None: all of them).
+        The cache holds all but a prompt's last token, which opens its first step. Chunks give the
+        cache the same entries, bit for bit, as one whole prefill (the native decoder's chunking
+        invariance, checked by its probe): chunking changes when, never what."""
+        while self._prefilling and (budget is None or budget > 0):
+            running = self._prefilling[0]
+            row = len(self._rows)  # the first waiting row sits right after the decoding ones
+            want = len(running.request.prompt_ids) - 1 - running.prefilled
+            count = want if budget is None else min(want, budget)
+            if count > 0:
+                started = time.perf_counter()
+                ids = torch.tensor([running.request.prompt_ids[running.prefilled:running.prefilled + count]],
+                                   dtype=torch.int64, device=self.target.device)
+                positions = torch.arange(running.prefilled, running.prefilled + count, device=self.target.device)
+                self.target.forward(ids, positions[None], rows=slice(row, row + 1), last_n_logits=1)
+                running.prefilled += count
+                running.stats.prefill_time_s += time.perf_counter() - started
+                if budget is not None:
+                    budget -= count
+            if running.prefilled < len(running.request.prompt_ids) - 1:
+                return  # the budget ran out mid-prompt
+            self._prefilling.pop(0)  # complete: it decodes from the next step, in place
+            if self.proposer is not None:
+                self.proposer.start_row(row)
+            running.decode_started = time.perf_counter()
+            self._rows.append(running)
 
     def _row_with_prompt(self, prompt_ids: list[int]) -> int | None:
-        """A running row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
+        """A decoding row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
         if len(prompt_ids) < 2:
             return None
         for row, running in enumerate(self._rows):
@@ -171,21 +201,29 @@ class BatchEngine:
             if running.handle == handle:
                 self._free(row)
                 return True
+        for index, running in enumerate(self._prefilling):
+            if running.handle == handle:
+                self._drop_prefilling(index)
+                return True
         return False
 
     def clear(self) -> list[Hashable]:
         """Drop every request (after an error); returns their handles."""
         handles = self.handles()
         self._rows.clear()
+        self._prefilling.clear()
         return handles
 
     # ---- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[RowUpdate]:
-        """One speculative step over every running request."""
+        """One speculative step over every decoding request, after at most prefill_chunk tokens of
+        waiting prompts (chunked prefill: a long prompt no longer stalls every stream for its length)."""
+        started = time.perf_counter()
+        if self._prefilling:
+            self._prefill(self.prefill_chunk)
         if not self._rows:
             return []
-        started = time.perf_counter()
         rows, device = self._rows, self.target.device
         batch = len(rows)
         lengths = [len(row.tokens) for row in rows]
@@ -258,7 +296,7 @@ class BatchEngine:
         return updates
 
     def _free(self, row: int) -> None:
-        """Pack: the last row moves into the freed one."""
+        """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow."""
         last = len(self._rows) - 1
         if row != last:
             self.target.move_row(last, row)
@@ -266,3 +304,11 @@ class BatchEngine:
                 self.proposer.move_row(last, row)
             self._rows[row] = self._rows[last]
         self._rows.pop()
+        for index in range(len(self._prefilling)):
+            self.target.move_row(last + 1 + index, last + index)
+
+    def _drop_prefilling(self, index: int) -> None:
+        first = len(self._rows)
+        for later in range(index + 1, len(self._prefilling)):
+            self.target.move_row(first + later, first + later - 1)
+        self._prefilling.pop(index)

@@ -26,7 +26,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
                  max_context: int | None = None, default_max_tokens: int = 256,
                  spec_max_batch: int | None = None, lenience: float = 1.0, api_key: str | None = None,
-                 public_metrics: bool = False) -> FastAPI:
+                 public_metrics: bool = False, prefill_chunk: int | None = None) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
     and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
@@ -57,7 +57,8 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
         draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
     proposer = batch_proposer_for(config, slots=slots, draft_runner=draft)
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
-    engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch)
+    engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch,
+                         prefill_chunk=prefill_chunk)
     metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,
