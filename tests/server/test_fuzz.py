@@ -55,7 +55,8 @@ JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6
                            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
 FIELDS = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
-          "stream", "stream_options", "ignore_eos", "logprobs", "max_completion_tokens"]
+          "stream", "stream_options", "ignore_eos", "logprobs", "max_completion_tokens", "top_logprobs",
+          "return_token_ids"]
 PLAUSIBLE = {
     "prompt": st.text(max_size=80) | st.lists(st.integers(-5, 100), max_size=10),
     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "bot"]),
@@ -63,6 +64,8 @@ PLAUSIBLE = {
     "max_tokens": st.integers(-3, 80), "temperature": st.floats(-1, 3, allow_nan=False),
     "top_p": st.floats(-0.5, 1.5, allow_nan=False), "top_k": st.integers(-3, 70), "seed": st.integers(-2, 2**64),
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3), "stream": st.booleans(),
+    "n": st.integers(-1, 5), "logprobs": st.integers(-1, 22) | st.booleans(), "top_logprobs": st.integers(-1, 22),
+    "return_token_ids": st.booleans(),
 }
 
 
