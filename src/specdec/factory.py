@@ -90,7 +90,7 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None):
 
     return build_batch_proposer(config.method, slots=slots, draft_runner=draft_runner, ngram_max=config.ngram.max,
                                 ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
-                                suffix=config.suffix)
+                                suffix=config.suffix, draft_k=config.draft_k)
 
 
 def _proposer_options(config: SpecConfig) -> dict:

@@ -11,6 +11,7 @@ from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
 from specdec.models.kv_cache import StaticKVCache
 from specdec.proposers import DraftModelProposer, NgramProposer
+from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.registry import build_batch_proposer
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 from specdec.sampling import SamplingParams
@@ -31,7 +32,8 @@ def _single(models, tokenizer, method, k=3):
     proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer(),
                 # Chains, as the batched engine drafts; no cache of earlier outputs, whose contents
                 # depend on the order requests finish in (the server's cache: its own test).
-                "suffix": SuffixProposer(options=NO_CACHE, trees=False)}[method]
+                "suffix": SuffixProposer(options=NO_CACHE, trees=False),
+                "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft))}[method]
     return SpecEngine(target, proposer, tokenizer, k=k)
 
 
@@ -57,7 +59,7 @@ def run_all(engine: BatchEngine, requests: dict) -> dict:
     return {handle: (out[handle], reasons[handle]) for handle in requests}
 
 
-@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "suffix"])
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "ngram+draft", "suffix"])
 def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
     single = _single(models, tokenizer, method)
     batched = _batched(models, tokenizer, method)
@@ -70,7 +72,7 @@ def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "ngram+draft", "suffix"])
 def test_batched_seeded_sampling_equals_each_request_alone(models, tokenizer, method):
     """Each row draws from its own generator exactly what it would draw alone, mixed params in one batch."""
     single = _single(models, tokenizer, method)
@@ -177,6 +179,8 @@ def test_bad_arguments_are_clear_errors(models, tokenizer):
     with pytest.raises(RuntimeError, match="no free row"):
         engine.add(1, engine.make_request("hi", max_new_tokens=3))
     with pytest.raises(ValueError, match="not available with batching"):
+        build_batch_proposer("eagle", slots=2)
+    with pytest.raises(ValueError, match="needs a draft model"):
         build_batch_proposer("ngram+draft", slots=2)
 
 
@@ -317,3 +321,18 @@ def test_a_long_prompt_no_longer_stalls_running_streams(models, tokenizer):
     assert steps_while_prefilling >= 100 // 8
     with pytest.raises(ValueError, match="prefill_chunk"):
         BatchEngine(make_native(models[0]), None, tokenizer, prefill_chunk=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_batched_ngram_then_draft_mixes_copied_and_drafted_rows_in_one_step(models, tokenizer, temperature):
+    """Rows whose context repeats copy; the others draft with the model, together; each row's tokens
+    are what NgramThenDraftProposer writes for it alone."""
+    prompts = ["xq", "the the the the the", "zv", "abcabcabcabc", "kw", "no no no no"]
+    single = _single(models, tokenizer, "ngram+draft")
+    batched = _batched(models, tokenizer, "ngram+draft")
+    params = [SamplingParams(temperature=temperature, seed=i) for i in range(len(prompts))]
+    got = run_all(batched, {i: batched.make_request(p, params[i], max_new_tokens=30) for i, p in enumerate(prompts)})
+    for i, prompt in enumerate(prompts):
+        alone = single.generate(prompt, params[i], max_new_tokens=30)
+        assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
+    assert batched.proposer.steps_mixed > 0

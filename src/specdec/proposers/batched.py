@@ -210,3 +210,56 @@ class BatchedDraftModelProposer:
         self._proposal_start[destination] = self._proposal_start[source]
         self._fed_drafts[destination] = self._fed_drafts[source]
         self._skipped[destination] = self._skipped[source]
+
+
+def _row_of(proposal: DraftProposal, row: int) -> DraftProposal:
+    """Row `row` of a batched proposal, trimmed to its real tokens."""
+    count = int(proposal.num_tokens[row])
+    return DraftProposal(proposal.token_ids[row:row + 1, :count], proposal.num_tokens[row:row + 1],
+                         None if proposal.probs is None else proposal.probs[row:row + 1, :count])
+
+
+class BatchedNgramThenDraftProposer:
+    """ngram+draft (proposers/hybrid.py) for B rows: each row's n-gram lookup first; the rows it finds
+    nothing for draft with the draft model, together, in one BatchedDraftModelProposer call (the rows
+    that copied take k = 0 there, so their generators are untouched). As in the single-sequence
+    hybrid, the draft model only learns of copied steps at its next catch-up, so each row proposes
+    exactly what it would alone."""
+
+    def __init__(self, ngram: RowwiseProposer, draft: BatchedDraftModelProposer, draft_max_k: int | None = None) -> None:
+        self.ngram, self.draft, self.draft_max_k = ngram, draft, draft_max_k
+        self._copied: list[bool] = []  # rows whose step the n-gram lookup proposed
+        self._drafted = False  # whether the draft model proposed this step (its on_verified is due)
+        self.steps_mixed = 0  # steps where some rows copied and others drafted with the model
+
+    def start_row(self, row: int) -> None:
+        self.ngram.start_row(row)
+        self.draft.start_row(row)
+
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
+        copied = self.ngram.propose(contexts, max_ks)
+        self._copied = [bool(n > 0) for n in copied.num_tokens.tolist()]
+        draft_ks = [0 if by_ngram else min(max_k, self.draft_max_k or max_k)
+                    for by_ngram, max_k in zip(self._copied, max_ks)]
+        self._drafted = max(draft_ks, default=0) >= 1
+        if not self._drafted:
+            return copied
+        drafted = self.draft.propose(contexts, draft_ks)
+        self.steps_mixed += any(self._copied)
+        device = contexts[0].token_ids.device
+        return pad_proposals([_row_of(copied if by_ngram else drafted, row) for row, by_ngram in enumerate(self._copied)],
+                             contexts[0].vocab_size, device)
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        self.ngram.on_verified(num_accepted)
+        if self._drafted:  # a copied row's draft cache keeps its context only: it catches up next time
+            accepted = num_accepted.reshape(-1).clone()
+            accepted[torch.tensor(self._copied[:len(accepted)], dtype=torch.bool)] = 0
+            self.draft.on_verified(accepted)
+
+    def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        self.ngram.end_row(row, prompt_ids, output_ids)
+
+    def move_row(self, source: int, destination: int) -> None:
+        self.ngram.move_row(source, destination)
+        self.draft.move_row(source, destination)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
-from specdec.proposers.batched import BatchedDraftModelProposer, BatchProposer, RowwiseProposer
+from specdec.proposers.batched import (BatchedDraftModelProposer, BatchedNgramThenDraftProposer, BatchProposer,
+                                       RowwiseProposer)
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
@@ -148,7 +149,7 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 
 
-BATCHED_METHODS = ("autoregressive", "draft", "ngram", "suffix")  # what the batched engine (the server) runs
+BATCHED_METHODS = ("autoregressive", "draft", "ngram", "ngram+draft", "suffix")  # the batched engine (server) runs
 
 
 def check_batched_method(method: str) -> None:
@@ -168,6 +169,7 @@ def build_batch_proposer(
     ngram_tie_break: str = "recent",
     suffix: SuffixOptions | None = None,
     suffix_cache: SuffixCache | None = None,
+    draft_k: int | None = None,
 ) -> BatchProposer | None:
     """The proposer of engine/batch.py's BatchEngine; None means plain decoding.
     suffix: every row drafts chains (the batched verifier's shape) from one shared cache."""
@@ -185,4 +187,7 @@ def build_batch_proposer(
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
     if getattr(draft_runner, "batch_size", None) != slots:
         raise ValueError("the batched draft proposer needs a native draft runner with one cache row per slot")
+    if method == "ngram+draft":
+        ngram = RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
+        return BatchedNgramThenDraftProposer(ngram, BatchedDraftModelProposer(draft_runner), draft_k)
     return BatchedDraftModelProposer(draft_runner)

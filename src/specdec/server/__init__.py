@@ -51,7 +51,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
                          "runs one sequence at a time")
     target = target_runner.with_batch_size(slots, max_context=max_context)
     draft = None
-    if draft_runner is not None and method == "draft":
+    if draft_runner is not None and config.needs_draft_model:
         if not hasattr(draft_runner, "with_batch_size"):
             raise ValueError("serving with a draft model needs the draft on the native backend too")
         draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
