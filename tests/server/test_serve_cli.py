@@ -63,7 +63,7 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--method", "ngram+draft"], "not available with batching"),
+    (["--method", "eagle"], "not available with batching"),
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--spec-max-batch", "0"], "--spec-max-batch must be auto or an integer >= 1"),
