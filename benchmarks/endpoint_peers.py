@@ -12,7 +12,8 @@ each speculative/plain pair of one engine. Groups exist because the machines her
   python benchmarks/endpoint_peers.py --group vllm-draft  # specdec plain + vLLM plain/draft_model
 
 Every server uses the embedded Qwen2.5-Coder pair: specdec and vLLM read specdec's converted
-safetensors (vLLM in fp32, see bench/vllm_peer.py), llama.cpp the GGUF files they ship as.
+safetensors (vLLM in bf16 by default, $VLLM_DTYPE: two fp32 vLLM servers of the 1.5B target,
+~10 GB resident each, made a 24 GB machine swap-thrash), llama.cpp the GGUF files they ship as.
 Needs `make models`, `make vllm` (vLLM groups) and llama-server (benchmarks/llama_cpp_peer.py).
 """
 
@@ -96,9 +97,13 @@ def llama_server(label: str, draft: bool, logs: Path):
     return process_server(command, f"http://127.0.0.1:{port}", logs / f"{label}.log")
 
 
+VLLM_DTYPE = os.environ.get("VLLM_DTYPE", "bfloat16")  # two fp32 servers of the 1.5B target (~10 GB each) thrash 24 GB
+
+
 def vllm(label: str, speculative: dict | None, logs: Path):
     return vllm_server(hub.fetch(TARGET), python=vllm_python(ROOT), log_path=logs / f"{label}.log",
-                       speculative_config=json.dumps(speculative) if speculative else None, kv_cache_gib=1)
+                       speculative_config=json.dumps(speculative) if speculative else None, kv_cache_gib=1,
+                       dtype=VLLM_DTYPE)
 
 
 GROUPS = {
@@ -148,6 +153,8 @@ def main() -> int:
     parser.add_argument("--temperature", default="0")
     parser.add_argument("--samples", default="200", help="verify: draws per side and prompt")
     parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--verify-only", default=None, metavar="LABEL,...",
+                        help="verify only these speculative servers against their plain one (default: every pair)")
     args = parser.parse_args()
     out = Path(args.out or ROOT / "benchmarks" / "results" / "endpoints" / args.group)
     logs = out / "logs"
@@ -165,13 +172,16 @@ def main() -> int:
                                  "--out", str(out / "bench"), "--quiet", log=out / "bench.log")
         verdicts = {}
         if not args.no_verify:
-            for spec, plain in PAIRS[args.group]:
+            chosen = args.verify_only.split(",") if args.verify_only else [spec for spec, _ in PAIRS[args.group]]
+            for spec, plain in (pair for pair in PAIRS[args.group] if pair[0] in chosen):
                 verdicts[f"{spec} vs {plain}"] = specdec_command(
                     "verify", "--endpoint", f"{spec}={urls[spec]}", "--reference", f"{plain}={urls[plain]}",
                     "--samples", args.samples, "--greedy-prompts", "4", "--max-new-tokens", "32",
                     log=out / f"verify-{spec}.log")
-    (out / "summary.json").write_text(json.dumps(dict(machine=f"{cpu_model()} ({effective_isa()})",
-                                                      bench_status=status, verify_status=verdicts), indent=1))
+    summary = out / "summary.json"
+    earlier = json.loads(summary.read_text()).get("verify_status", {}) if summary.exists() else {}
+    summary.write_text(json.dumps(dict(machine=f"{cpu_model()} ({effective_isa()})", bench_status=status,
+                                       verify_status={**earlier, **verdicts}), indent=1))
     return status
 
 

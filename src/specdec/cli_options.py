@@ -108,9 +108,13 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) +
                              "; auto (default): the fastest lossless method measured on the device, ngram on a CPU "
                              "(no draft model; benchmarks/RESULTS.md), draft on CUDA")
-    if not adaptive:
-        parser.add_argument("-k", type=positive_int, default=4,
-                            help="draft tokens per step, >= 1 (default: 4; copying with ngram likes 8)")
+    if not adaptive:  # the batched engine (serve): fixed k, or goodput per step
+        parser.add_argument("-k", type=k_value, default=4, metavar="K|auto",
+                            help="draft tokens per step, >= 1 (default: 4; copying with ngram likes 8), or auto: "
+                                 "each step the k (0 included) that maximises the batch's expected committed "
+                                 "tokens per second, from the measured step costs and each request's acceptance "
+                                 "(goodput, as SmartSpec); replaces --spec-max-batch. Lossless either way")
+        parser.add_argument("--max-k", type=positive_int, default=8, help="the largest k auto may choose (default: 8)")
         add_ngram_args(parser)
         return
     parser.add_argument("-k", type=k_value, default="auto", metavar="K|auto",

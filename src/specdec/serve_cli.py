@@ -113,6 +113,8 @@ def cmd_serve(args) -> int:
                        prefill_chunk=args.prefill_chunk or None)
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
+    if config.k == "auto" and config.method != "autoregressive":
+        drafting = f", k per step by goodput, <= {config.max_k}"
     print(f"specdec: serving {name!r} ({config.method}, k={config.k}, {args.max_batch} rows{drafting}, queue "
           f"{args.max_queue}) on http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)

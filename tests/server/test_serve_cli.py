@@ -72,3 +72,39 @@ def test_bad_serve_options_are_one_line_before_any_model_loads(capsys, argv, mes
     assert main(["serve", "--target", "/nonexistent", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_serve_with_goodput_k_answers_as_plain_decoding(model_dirs):
+    """`specdec serve -k auto`: the step's k from measured costs; greedy text equals a plain server's."""
+    texts = {}
+    for argv in (["--method", "draft", "--draft", str(model_dirs / "draft"), "-k", "auto", "--max-k", "4"],
+                 ["--method", "autoregressive"]):
+        port = free_port()
+        command = [sys.executable, "-m", "specdec.cli", "serve", "--target", str(model_dirs / "target"),
+                   "--port", str(port), "--max-batch", "2", "--served-model-name", "tiny", "--log-level", "warning",
+                   *argv]
+        process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert process.poll() is None, process.stderr.read()
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.2)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+            replies = [client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+                       for prompt in ("hello world", "the quick brown fox", "abc abc abc")]
+            texts[argv[1]] = [reply.choices[0].text for reply in replies]
+            if argv[1] == "draft":
+                assert replies[0].model_extra["speculative"]["k"] == "auto"
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=30)
+        if argv[1] == "draft":
+            assert "k per step by goodput, <= 4" in stderr
+    assert texts["draft"] == texts["autoregressive"]

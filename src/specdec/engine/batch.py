@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.engine.engine import verify_step
+from specdec.engine.goodput import GoodputK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
 from specdec.models.loader import eos_ids_of
@@ -82,17 +83,20 @@ class BatchEngine:
     """
 
     def __init__(self, target: NativeRunner, proposer: BatchProposer | None = None, tokenizer: object | None = None,
-                 *, k: int = 4, eos_token_ids: frozenset[int] | None = None,
-                 spec_max_batch: int | None = None, prefill_chunk: int | None = None) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k (draft tokens per step) must be an integer >= 1, got {k!r}")
+                 *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
+                 spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8) -> None:
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
                                           or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
         if spec_max_batch is not None and (isinstance(spec_max_batch, bool) or not isinstance(spec_max_batch, int)
                                            or spec_max_batch < 1):
             raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
-        self.target, self.proposer, self.tokenizer, self.k = target, proposer, tokenizer, k
+        # k "auto": each step's k from measured costs and each row's acceptance (engine/goodput.py)
+        self.goodput = GoodputK(max_k) if k == "auto" else None
+        self.target, self.proposer, self.tokenizer = target, proposer, tokenizer
+        self.k = max_k if k == "auto" else k  # the most any row drafts in a step
         # Past this many running requests, steps draft nothing (vLLM's speculative_disable_by_batch_size):
         # a big batch already fills the hardware, and rejected drafts would only cost compute.
         self.spec_max_batch = spec_max_batch
@@ -234,8 +238,11 @@ class BatchEngine:
                   for row in rows]
         if self.spec_max_batch is not None and batch > self.spec_max_batch:
             max_ks = [0] * batch  # plain decoding this step; the draft catches up when speculation resumes
+        if self.goodput is not None and self.proposer is not None:
+            max_ks = self.goodput.choose([row.handle for row in rows], max_ks)
 
         # 1. Propose, each row within its own cap.
+        propose_started = time.perf_counter()
         if self.proposer is not None and max(max_ks) >= 1:
             contexts = [ProposeContext(torch.tensor([row.tokens], device=device), row.request.params,
                                        row.generator, self.target.vocab_size) for row in rows]
@@ -246,10 +253,15 @@ class BatchEngine:
         k = draft_ids.shape[1]
 
         # 2. One target forward over [last_token, *drafts] of every row, each at its own positions.
+        forward_started = time.perf_counter()
         last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
         inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
         positions = torch.tensor(lengths, device=device)[:, None] - 1 + torch.arange(k + 1, device=device)[None]
         target_logits = self.target.forward(inputs, positions, rows=slice(0, batch)).logits  # [B, k+1, V]
+        if self.goodput is not None:
+            target_logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
+            self.goodput.record_step(batch, batch * (k + 1), time.perf_counter() - forward_started, max(max_ks),
+                                     forward_started - propose_started)
 
         # 3-4. Verify each row alone: its own width, params and generator.
         num_draft = proposal.num_tokens.tolist()  # host sync: commit code
@@ -279,6 +291,8 @@ class BatchEngine:
                 logprobs = token_logprobs(target_logits[b], kept, row.request.params, row.request.logprobs)
                 row.request.token_logprobs += logprobs
             row.stats.record_step(num_draft[b], num_accepted[b], len(kept))
+            if self.goodput is not None:
+                self.goodput.record_row(row.handle, num_draft[b], num_accepted[b])
             row.stats.decode_time_s = now - row.decode_started
             if not row.request.finished and len(row.tokens) >= self.max_context:
                 row.request.finish("length")
@@ -291,6 +305,8 @@ class BatchEngine:
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
             if end_row is not None:
                 end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
+            if self.goodput is not None:
+                self.goodput.forget(self._rows[b].handle)
             self._free(b)
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates

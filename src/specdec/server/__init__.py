@@ -43,9 +43,11 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     check_batched_method(method)
     if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) or not 0 < lenience <= 1:
         raise ValueError(f"lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {lenience!r}")
-    for label, value in (("slots", slots), ("k", k), ("default_max_tokens", default_max_tokens)):
+    for label, value in (("slots", slots), ("k", 1 if k == "auto" else k), ("default_max_tokens", default_max_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+    if k == "auto":  # goodput decides per step, batch size included: no blanket switch-off
+        spec_max_batch = None
     if not hasattr(target_runner, "with_batch_size"):
         raise ValueError("serving needs the native backend (Qwen2 / Llama family): the transformers backend "
                          "runs one sequence at a time")
@@ -58,7 +60,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     proposer = batch_proposer_for(config, slots=slots, draft_runner=draft)
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
     engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch,
-                         prefill_chunk=prefill_chunk)
+                         prefill_chunk=prefill_chunk, max_k=config.max_k)
     metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,

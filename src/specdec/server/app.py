@@ -57,7 +57,7 @@ class ServedModel:
     max_context: int
     vocab_size: int  # ids a prompt may hold
     method: str
-    k: int
+    k: int | str  # "auto": each step's k from measured costs and each row's acceptance
     default_max_tokens: int = 256  # chat requests without max_tokens (capped by the context)
     created: int = 0
     lenience: float = 1.0  # every request's; < 1 is LOSSY (sampling/params.py), and says so in `speculative`
