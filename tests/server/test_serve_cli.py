@@ -33,30 +33,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
+def start_serve(model_dirs, *argv: str) -> tuple[subprocess.Popen, int]:
+    """`specdec serve --target TARGET ARGV` on a free port, once /health answers."""
     port = free_port()
     command = [sys.executable, "-m", "specdec.cli", "serve", "--target", str(model_dirs / "target"),
-               "-k", "2", "--port", str(port), "--max-batch", "2",
-               "--served-model-name", "tiny", "--log-level", "warning"]
+               "--port", str(port), "--max-batch", "2", "--served-model-name", "tiny", "--log-level", "warning",
+               *argv]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, process.stderr.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process, port
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.2)
+
+
+def stop_serve(process: subprocess.Popen) -> str:
+    """Ctrl-C, as a user stops it; its stderr."""
+    process.send_signal(signal.SIGINT)
+    return process.communicate(timeout=30)[1]
+
+
+def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
+    process, port = start_serve(model_dirs, "-k", "2")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stderr.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
                                                max_tokens=12, temperature=0)
         assert reply.usage.completion_tokens >= 1 and reply.model_extra["speculative"]["k"] == 2
     finally:
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        stderr = stop_serve(process)
     assert process.returncode == 0
     # --method auto is ngram on a CPU (no draft model is read), --spec-max-batch auto is 1
     assert "serving 'tiny' (ngram, k=2, 2 rows, drafting while <= 1 run" in stderr
@@ -79,23 +89,8 @@ def test_serve_with_goodput_k_answers_as_plain_decoding(model_dirs):
     texts = {}
     for argv in (["--method", "draft", "--draft", str(model_dirs / "draft"), "-k", "auto", "--max-k", "4"],
                  ["--method", "autoregressive"]):
-        port = free_port()
-        command = [sys.executable, "-m", "specdec.cli", "serve", "--target", str(model_dirs / "target"),
-                   "--port", str(port), "--max-batch", "2", "--served-model-name", "tiny", "--log-level", "warning",
-                   *argv]
-        process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        process, port = start_serve(model_dirs, *argv)
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                assert process.poll() is None, process.stderr.read()
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the server did not come up"
-                time.sleep(0.2)
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
             replies = [client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
                        for prompt in ("hello world", "the quick brown fox", "abc abc abc")]
@@ -103,8 +98,7 @@ def test_serve_with_goodput_k_answers_as_plain_decoding(model_dirs):
             if argv[1] == "draft":
                 assert replies[0].model_extra["speculative"]["k"] == "auto"
         finally:
-            process.send_signal(signal.SIGINT)
-            _, stderr = process.communicate(timeout=30)
+            stderr = stop_serve(process)
         if argv[1] == "draft":
             assert "k per step by goodput, <= 4" in stderr
     assert texts["draft"] == texts["autoregressive"]
