@@ -109,8 +109,10 @@ def vllm(label: str, speculative: dict | None, logs: Path):
 GROUPS = {
     "local": [
         ("specdec-plain", lambda logs: specdec_server("specdec-plain", ["--method", "autoregressive"], logs)),
-        ("specdec-draft-k4", lambda logs: specdec_server("specdec-draft-k4", ["--method", "draft", "-k", "4"], logs)),
-        ("specdec-auto", lambda logs: specdec_server("specdec-auto", [], logs)),  # --method auto: ngram on a CPU
+        # --spec-max-batch 8: verify draws 4 requests at a time, and the CPU default (1) would then not draft
+        ("specdec-draft-k4", lambda logs: specdec_server("specdec-draft-k4", ["--method", "draft", "-k", "4",
+                                                                              "--spec-max-batch", "8"], logs)),
+        ("specdec-auto", lambda logs: specdec_server("specdec-auto", ["--spec-max-batch", "8"], logs)),  # ngram
         ("llama-plain", lambda logs: llama_server("llama-plain", False, logs)),
         ("llama-draft", lambda logs: llama_server("llama-draft", True, logs)),
     ],

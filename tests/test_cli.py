@@ -184,7 +184,7 @@ def test_generate_with_auto_k_matches_plain_and_lenience_accepts_more(capsys, mo
     (["generate", "--lenience", "1.5", "hi"], "(0, 1]"),
     (["generate", "--draft-confidence", "1", "hi"], "[0, 1)"),
     (["generate", "--max-k", "0", "hi"], "must be an integer >= 1"),
-    (["serve", "-k", "auto"], "invalid"),  # the batched server drafts a fixed k
+    (["serve", "-k", "sometimes"], "integer >= 1 or auto"),  # serve takes -k auto (goodput) too
 ])
 def test_bad_adaptive_and_lenience_options_are_argument_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

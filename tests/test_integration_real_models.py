@@ -137,10 +137,13 @@ def test_real_pair_greedy_speculative_equals_plain_for_every_method(qwen_pair, p
     _assert_every_prompt_equal(target, proposer, plain_references, k)
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
-def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_references, method):
+@pytest.mark.parametrize("method,k,prefill_chunk", [("draft", 4, None), ("ngram", 4, None), ("suffix", 4, None),
+                                                    ("ngram+draft", "auto", 96)])
+def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_references, method, k, prefill_chunk):
     """8 requests decoded side by side in one batched engine (ragged lengths, the long prompt among
-    them): each one's output is its plain greedy output alone."""
+    them): each one's output is its plain greedy output alone. The last case is the server's other
+    paths on the real quantized kernels: prompts prefilled 96 tokens per step (chunked prefill, while
+    other rows decode) and the step's k chosen by goodput."""
     from specdec.engine.batch import BatchEngine
     from specdec.proposers.registry import build_batch_proposer
 
@@ -149,7 +152,7 @@ def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_ref
     runner = target.runner.with_batch_size(slots, initial_cache_len=1536)
     draft_runner = draft.runner.with_batch_size(slots, initial_cache_len=1536)
     engine = BatchEngine(runner, build_batch_proposer(method, slots=slots, draft_runner=draft_runner),
-                         target.tokenizer, k=4, eos_token_ids=target.eos_token_ids)
+                         target.tokenizer, k=k, eos_token_ids=target.eos_token_ids, prefill_chunk=prefill_chunk)
     params = SamplingParams(temperature=0)
     outputs = {index: [] for index in range(slots)}
     for index, prompt in enumerate(EQUALITY_PROMPTS):
