@@ -23,43 +23,20 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import httpx
 import llama_cpp_peer as llama_cpp  # benchmarks/llama_cpp_peer.py
 
-from specdec.bench.vllm_peer import vllm_python, vllm_server
+from specdec.bench.vllm_peer import free_port, vllm_python, vllm_server, wait_until_healthy
 from specdec.models import hub
 from specdec.models.cpu_features import cpu_model, effective_isa
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} was not ready after {timeout_s:.0f} s")
-        time.sleep(1)
 
 
 @contextmanager
@@ -69,7 +46,7 @@ def process_server(command: list[str], url: str, log: Path, timeout_s: float = 6
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
-        wait_healthy(url, process, log, timeout_s)
+        wait_until_healthy(url, process, log, timeout_s, poll_s=1.0)
         yield url
     finally:
         process.send_signal(signal.SIGINT)

@@ -25,7 +25,7 @@ def log_to_stderr(message: str) -> None:
 
 def check_before_loading(config: SpecConfig) -> None:
     """Everything about the method that can fail without a model: its options and its head's file."""
-    check_proposer_options(config.method, **_proposer_options(config))
+    check_proposer_options(config.method, **proposer_options(config))
     if config.head_kind is not None:
         from specdec.models.heads import locate_head
 
@@ -60,7 +60,7 @@ def proposer_for(config: SpecConfig, target, draft=None, *, heads: dict | None =
 
     heads: a dict shared across calls so that a grid of k values loads each head once."""
     return build_proposer(config.method, draft_runner=draft.runner if draft is not None else None,
-                          adaptive=config.k == "auto", **_proposer_options(config),
+                          adaptive=config.k == "auto", **proposer_options(config),
                           suffix=config.suffix, lookahead=config.lookahead,
                           **_head_arguments(config, target, heads))
 
@@ -93,7 +93,8 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None):
                                 suffix=config.suffix, draft_k=config.draft_k)
 
 
-def _proposer_options(config: SpecConfig) -> dict:
+def proposer_options(config: SpecConfig) -> dict:
+    """The n-gram and draft-model keywords of proposers/registry.py's build_proposer."""
     return dict(ngram_max=config.ngram.max, ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
                 draft_k=config.draft_k, draft_confidence=config.draft_confidence)
 
@@ -103,14 +104,12 @@ def _head_arguments(config: SpecConfig, target, heads: dict | None) -> dict:
     kind = config.head_kind
     if kind is None:
         return {}
+    heads = {} if heads is None else heads
     key = (kind, config.head.path)
-    if heads is None or key not in heads:
+    if key not in heads:
         from specdec.models.heads import load_head_for
 
-        loaded = load_head_for(target, kind, config.head.path)
-        if heads is None:
-            heads = {}
-        heads[key] = loaded
+        heads[key] = load_head_for(target, kind, config.head.path)
     head, vocabulary = heads[key]
     return dict(head=head, head_vocabulary=vocabulary, tree_size=config.head.tree_size,
                 tree_topk=config.head.tree_topk)

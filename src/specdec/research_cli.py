@@ -220,7 +220,7 @@ def cmd_bench(args) -> int:
         from specdec.bench.harness import BenchPlan, method_grid, run_bench
         from specdec.bench.prompt_sets import load_prompts
         from specdec.cli_options import config_from_args
-        from specdec.factory import check_before_loading, engine_for, load_models
+        from specdec.factory import check_before_loading, engine_for, load_models, proposer_options
 
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         config = config_from_args(args, resolve=False, grid=True)  # each grid cell sets method and k
@@ -237,8 +237,7 @@ def cmd_bench(args) -> int:
         target, draft = load_models(config, need_draft=need_draft)
         heads: dict = {}  # each head loads once for every k
         engines = {spec: engine_for(cell, target, draft, heads=heads) for spec, cell in cells.items()}
-        options = dict(ngram_max=config.ngram.max, ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
-                       draft_k=config.draft_k, draft_confidence=config.draft_confidence)
+        options = proposer_options(config)  # recorded in the run's header
         run_info = dict(target=config.target, draft=draft.name if draft else None, backend=target.backend,
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),

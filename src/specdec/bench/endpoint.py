@@ -41,16 +41,13 @@ class EndpointPlan:
     run_info: dict = field(default_factory=dict)  # stored in the header row
 
     def __post_init__(self) -> None:
+        from specdec.bench.harness import check_plan
+
         if not self.endpoints:
             raise ValueError("no endpoint to benchmark")
-        if not self.temperatures or any(t < 0 for t in self.temperatures):
-            raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+        check_plan(self.prompts, self.temperatures, self.repeats, self.max_new_tokens)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.repeats < 1 or self.max_new_tokens < 1:
-            raise ValueError("repeats and max_new_tokens must be >= 1")
-        if not self.prompts:
-            raise ValueError("no prompts to run")
 
     def jobs(self) -> list[tuple[BenchPrompt, float, int, Endpoint]]:
         """prompt x temperature x repeat, every endpoint in turn, the order rotated one step per group."""

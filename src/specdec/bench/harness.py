@@ -72,12 +72,7 @@ class BenchPlan:
     stream: bool = False
 
     def __post_init__(self) -> None:
-        if any(t < 0 for t in self.temperatures) or not self.temperatures:
-            raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
-        if self.repeats < 1 or self.max_new_tokens < 1:
-            raise ValueError("repeats and max_new_tokens must be >= 1")
-        if not self.prompts:
-            raise ValueError("no prompts to run")
+        check_plan(self.prompts, self.temperatures, self.repeats, self.max_new_tokens)
 
     def jobs(self) -> list[tuple[BenchPrompt, int, float, MethodSpec]]:
         if self.stream:
@@ -85,6 +80,16 @@ class BenchPlan:
                     for temperature in self.temperatures for prompt in self.prompts for spec in self.methods]
         return [(prompt, repeat, temperature, spec) for prompt in self.prompts for repeat in range(self.repeats)
                 for temperature in self.temperatures for spec in self.methods]
+
+
+def check_plan(prompts, temperatures, repeats: int, max_new_tokens: int) -> None:
+    """What every bench plan (local engines or endpoints) needs before it runs."""
+    if any(t < 0 for t in temperatures) or not temperatures:
+        raise ValueError(f"temperatures must be >= 0, got {temperatures}")
+    if repeats < 1 or max_new_tokens < 1:
+        raise ValueError("repeats and max_new_tokens must be >= 1")
+    if not prompts:
+        raise ValueError("no prompts to run")
 
 
 def row_key(row: dict) -> tuple:

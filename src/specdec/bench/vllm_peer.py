@@ -42,10 +42,30 @@ def vllm_python(root: Path | None = None) -> Path:
     return python
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float, *,
+                       name: str = "the server", poll_s: float = 2.0) -> None:
+    """Return once url/health answers 200; a RuntimeError with the log's tail if the process dies
+    or is not ready after timeout_s (any OpenAI-compatible server started as a subprocess)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode} while starting:\n{_tail(log_path)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} was not ready after {timeout_s:.0f} s:\n{_tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll_s)
 
 
 @contextmanager
@@ -62,9 +82,7 @@ def vllm_server(model_dir: Path | str, *, python: Path, log_path: Path, speculat
     CPUs without bf16 instructions, and its start-up warm-up (a prefill of max_batched_tokens)
     then ran over 10 minutes on a 2-core AVX2 EPYC; in float32 the server is up in about 4.
     """
-    import httpx
-
-    port = _free_port()
+    port = free_port()
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
                "--max-num-batched-tokens", str(max_batched_tokens), "--dtype", dtype, "--max-num-seqs", "4",
@@ -77,18 +95,7 @@ def vllm_server(model_dir: Path | str, *, python: Path, log_path: Path, speculat
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {process.returncode} while starting:\n{_tail(log_path)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM was not ready after {startup_timeout_s:.0f} s:\n{_tail(log_path)}")
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        wait_until_healthy(url, process, log_path, startup_timeout_s, name="vLLM")
         yield url
     finally:
         process.terminate()
