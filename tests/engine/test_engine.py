@@ -108,8 +108,12 @@ def test_auto_k_learns_what_reading_the_prompt_costs(plain, tokenizer):
     assert proposer.unread_tokens(prompt_len) == 20  # a fresh request: the prompt's last 20 tokens
     engine = SpecEngine(plain.target, proposer, tokenizer, k="auto")
     assert engine.generate(prompt, max_new_tokens=30).token_ids == reference.token_ids
-    read = engine.adaptive._catch_up
-    assert [tokens for tokens, _ in read] == [8, 8] and all(seconds > 0 for _, seconds in read)
+    read = [tokens for tokens, _ in engine.adaptive._catch_up]
+    # The prompt's window comes first, 8 + 8 (the last 4 tokens are read with the first draft).
+    # Later plain steps chosen by the controller (timing-dependent) may leave the draft 8 behind
+    # again: such catch-ups are recorded too, each at most one chunk.
+    assert read[:2] == [8, 8] and all(tokens <= 8 for tokens in read)
+    assert all(seconds > 0 for _, seconds in engine.adaptive._catch_up)
 
 
 def test_draft_cache_tracks_the_committed_tokens(plain, tokenizer):
