@@ -95,3 +95,20 @@ def pytest_terminal_summary(terminalreporter):
     missing = [cap for cap in ISA_CAPS if cap not in module.CAPS_HERE]
     terminalreporter.write_line(f"invariance at real shapes on {cpu_model()}: passed under ONEDNN_MAX_CPU_ISA "
                                 f"{ran}; not on this CPU: {', '.join(missing) or 'none'}")
+
+
+def run_all(engine, requests: dict) -> dict:
+    """Run a BatchEngine: admit requests whenever a row is free (continuous batching); collect
+    each request's tokens and finish reason."""
+    waiting, out = list(requests.items()), {handle: [] for handle in requests}
+    reasons, widest = {}, 0
+    while waiting or engine.running:
+        while waiting and engine.free_slots:
+            engine.add(*waiting.pop(0))
+        widest = max(widest, engine.running)
+        for update in engine.step():
+            out[update.handle] += update.token_ids
+            if update.finish_reason:
+                reasons[update.handle] = update.finish_reason
+    assert widest == min(engine.slots, len(requests))  # requests really ran side by side
+    return {handle: (out[handle], reasons[handle]) for handle in requests}

@@ -116,6 +116,7 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
                                  "(goodput, as SmartSpec); replaces --spec-max-batch. Lossless either way")
         parser.add_argument("--max-k", type=positive_int, default=8, help="the largest k auto may choose (default: 8)")
         add_ngram_args(parser)
+        add_head_args(parser)
         return
     parser.add_argument("-k", type=k_value, default="auto", metavar="K|auto",
                         help="draft tokens per step, >= 1, or auto (default: auto; copying with ngram "

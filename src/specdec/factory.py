@@ -83,14 +83,27 @@ def load_engine(config: SpecConfig, *, log: Log = log_to_stderr, progress: bool 
     return engine_for(config, target, draft), target, draft
 
 
-def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None):
+def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, head=None):
     """The batched engine's proposer (engine/batch.py; the server): draft_runner is a native
-    runner with one cache row per slot. None: plain decoding."""
+    runner with one cache row per slot; head: (LoadedHead, FrozenVocabulary) from load_head,
+    for a head method. None: plain decoding."""
     from specdec.proposers.registry import build_batch_proposer
 
+    loaded, vocabulary = head if head is not None else (None, None)
     return build_batch_proposer(config.method, slots=slots, draft_runner=draft_runner, ngram_max=config.ngram.max,
                                 ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
-                                suffix=config.suffix, draft_k=config.draft_k)
+                                suffix=config.suffix, draft_k=config.draft_k, head=loaded,
+                                head_vocabulary=vocabulary, tree_size=config.head.tree_size,
+                                tree_topk=config.head.tree_topk)
+
+
+def load_head(config: SpecConfig, target):
+    """(LoadedHead, FrozenVocabulary) of a head method for a loaded target, or None."""
+    if config.head_kind is None:
+        return None
+    from specdec.models.heads import load_head_for
+
+    return load_head_for(target, config.head_kind, config.head.path)
 
 
 def proposer_options(config: SpecConfig) -> dict:
@@ -107,9 +120,7 @@ def _head_arguments(config: SpecConfig, target, heads: dict | None) -> dict:
     heads = {} if heads is None else heads
     key = (kind, config.head.path)
     if key not in heads:
-        from specdec.models.heads import load_head_for
-
-        heads[key] = load_head_for(target, kind, config.head.path)
+        heads[key] = load_head(config, target)
     head, vocabulary = heads[key]
     return dict(head=head, head_vocabulary=vocabulary, tree_size=config.head.tree_size,
                 tree_topk=config.head.tree_topk)

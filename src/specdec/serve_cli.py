@@ -98,9 +98,10 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     import uvicorn
 
-    from specdec.factory import load_models
+    from specdec.factory import check_before_loading, load_head, load_models
     from specdec.server import build_server
 
+    check_before_loading(config)  # a head's file, the method's options: before any load
     target, draft = load_models(config)
     name = args.served_model_name or config.target
     spec_max_batch = spec_max_batch_of(args.spec_max_batch, target.runner.device.type)
@@ -110,7 +111,7 @@ def cmd_serve(args) -> int:
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, spec_max_batch=spec_max_batch,
                        lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics,
-                       prefill_chunk=args.prefill_chunk or None)
+                       prefill_chunk=args.prefill_chunk or None, head=load_head(config, target))
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     if config.k == "auto" and config.method != "autoregressive":

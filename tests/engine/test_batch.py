@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_model, make_native
+from conftest import make_model, make_native, run_all
 from specdec.analysis.lossless import homogeneity_test
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
@@ -41,22 +41,6 @@ def _batched(models, tokenizer, method, k=3, slots=SLOTS):
     target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
     proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
     return BatchEngine(target, proposer, tokenizer, k=k)
-
-
-def run_all(engine: BatchEngine, requests: dict) -> dict:
-    """Admit requests whenever a row is free (continuous batching); collect tokens and finish reasons."""
-    waiting, out = list(requests.items()), {handle: [] for handle in requests}
-    reasons, widest = {}, 0
-    while waiting or engine.running:
-        while waiting and engine.free_slots:
-            engine.add(*waiting.pop(0))
-        widest = max(widest, engine.running)
-        for update in engine.step():
-            out[update.handle] += update.token_ids
-            if update.finish_reason:
-                reasons[update.handle] = update.finish_reason
-    assert widest == min(engine.slots, len(requests))  # requests really ran side by side
-    return {handle: (out[handle], reasons[handle]) for handle in requests}
 
 
 @pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "ngram+draft", "suffix"])
@@ -179,6 +163,8 @@ def test_bad_arguments_are_clear_errors(models, tokenizer):
     with pytest.raises(RuntimeError, match="no free row"):
         engine.add(1, engine.make_request("hi", max_new_tokens=3))
     with pytest.raises(ValueError, match="not available with batching"):
+        build_batch_proposer("lookahead", slots=2)
+    with pytest.raises(ValueError, match="needs a trained eagle head"):
         build_batch_proposer("eagle", slots=2)
     with pytest.raises(ValueError, match="needs a draft model"):
         build_batch_proposer("ngram+draft", slots=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_model, make_native
+from conftest import make_model, make_native, run_all
 from specdec.analysis.lossless import homogeneity_test
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
@@ -13,7 +13,7 @@ from specdec.engine.goodput import GoodputK
 from specdec.proposers.registry import build_batch_proposer
 from specdec.sampling import SamplingParams
 
-from test_batch import PROMPTS, run_all
+from test_batch import PROMPTS
 
 
 def _costs(controller: GoodputK, rows: int, plain_s: float, per_token_s: float, per_position_s: float = 0.0) -> None:

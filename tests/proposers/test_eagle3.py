@@ -19,6 +19,7 @@ from specdec.proposers.heads import EagleProposer
 from specdec.sampling import SamplingParams
 from specdec.training.train_head import (TrainOptions, eagle3_loss, extract_features, load_features, train_head,
                                          unroll_eagle3)
+from test_heads import check_batched_heads_equal_each_alone
 
 AUX = [1, 2, 3]
 PROMPTS = [[5, 9, 12, 3, 7], [20, 21, 22, 23], [2, 8, 8, 8, 30, 31, 2]]
@@ -168,6 +169,13 @@ def test_greedy_with_eagle3_is_plain_greedy(tree, target, vocab, eagle3):
         assert result.token_ids == plain.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40).token_ids
         accepted += result.stats.accepted_tokens
     assert accepted > 10  # the head's drafts were really used
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_batched_eagle3_equals_each_request_alone(tree, model, target, vocab, eagle3):
+    """The server's engine: each row's proposer reads the target's inner layers of its own tokens."""
+    accepted = check_batched_heads_equal_each_alone(model, target, lambda: _proposer(eagle3, vocab, tree))
+    assert accepted > 20
 
 
 def test_features_read_after_an_eagle3_request_are_the_final_ones(target, vocab, eagle3, windows, tmp_path):

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, make_native
+from conftest import make_model, make_native, run_all
 
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
+from specdec.engine.batch import BatchEngine
 from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, frozen_vocabulary, load_head, save_head
 from specdec.models.hf import HFRunner
+from specdec.proposers.batched import RowwiseProposer
 from specdec.proposers.heads import EagleProposer, MedusaProposer, medusa_tree
 from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
@@ -136,6 +138,55 @@ def test_greedy_with_a_head_is_plain_greedy(name, target, vocab, eagle, medusa):
         assert result.token_ids == plain.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40).token_ids
         accepted += result.stats.accepted_tokens
     assert accepted > 10  # the head's drafts were really used, not all rejected
+
+
+BATCH_PROMPTS = [*PROMPTS, [9, 9, 4, 40, 41, 9, 9], [33]]
+MIXED_PARAMS = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=1),
+                SamplingParams(0.7, top_k=5, seed=2), SamplingParams(0.9, top_p=0.8, seed=3),
+                SamplingParams(temperature=0), SamplingParams(0.8, seed=4)]
+
+
+def check_batched_heads_equal_each_alone(model, target, make_proposer, k=3):
+    """Three rows at once, requests of different lengths joining as rows free up, greedy and seeded
+    sampling mixed: every request's tokens are those it gets alone (SpecEngine, same proposer).
+    Returns the batched engine's accepted drafts (so callers can check drafting really happened)."""
+    batched = BatchEngine(make_native(model, batch_size=3), RowwiseProposer(make_proposer, 3), None, k=k,
+                          eos_token_ids=frozenset(), max_k=4)
+    alone = SpecEngine(target, make_proposer(), None, k=3, eos_token_ids=frozenset())
+    lengths = [30, 9, 24, 40, 12, 20]
+    requests = {i: batched.make_request(prompt, params, max_new_tokens=n)
+                for i, (prompt, params, n) in enumerate(zip(BATCH_PROMPTS, MIXED_PARAMS, lengths))}
+    accepted = []
+    original_step = batched.step
+
+    def counting_step():
+        updates = original_step()
+        accepted.extend(update.accepted for update in updates)
+        return updates
+
+    batched.step = counting_step
+    got = run_all(batched, requests)
+    for i, (prompt, params, n) in enumerate(zip(BATCH_PROMPTS, MIXED_PARAMS, lengths)):
+        if k == "auto" and not params.greedy:
+            continue  # goodput chooses other k than alone: other draws, equal in distribution only
+        single = alone if k != "auto" else SpecEngine(target, None, None, eos_token_ids=frozenset())
+        result = single.generate(prompt, params, max_new_tokens=n)
+        assert got[i] == (result.token_ids, result.finish_reason), f"request {i} ({params})"
+    return sum(accepted)
+
+
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa chain", "medusa tree"])
+def test_batched_heads_equal_each_request_alone(name, model, target, vocab, eagle, medusa):
+    """The server's engine with a head: one proposer per row over one head, trees verified in one
+    forward with each row's own mask, each row's features queued for its proposer."""
+    accepted = check_batched_heads_equal_each_alone(model, target, _proposers(eagle, medusa, vocab)[name])
+    assert accepted > 20  # the heads' drafts were really used, trees past their first level included
+
+
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree"])
+def test_batched_heads_with_goodput_k_stay_greedy_exact(name, model, target, vocab, eagle, medusa):
+    """k auto: each row's k per step from measured costs (0 included); greedy rows still equal plain."""
+    check_batched_heads_equal_each_alone(model, target, _proposers(eagle, medusa, vocab)[name], k="auto")
 
 
 class PathCounter:

@@ -73,7 +73,8 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--method", "eagle"], "not available with batching"),
+    (["--method", "lookahead"], "not available with batching"),
+    (["--method", "eagle", "--head", "/no/such/head.safetensors"], "no trained eagle head"),
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--spec-max-batch", "0"], "--spec-max-batch must be auto or an integer >= 1"),
@@ -84,10 +85,29 @@ def test_bad_serve_options_are_one_line_before_any_model_loads(capsys, argv, mes
     assert message in err and err.count("\n") == 1
 
 
+def _random_eagle_head(model_dirs) -> str:
+    """An untrained EAGLE head for the saved target (its drafts are mostly rejected: exactness is the point)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.heads import HeadConfig, build_head, save_head
+    from specdec.models.native import DecoderConfig
+
+    target = AutoModelForCausalLM.from_pretrained(model_dirs / "target")
+    config = HeadConfig.for_target("eagle", DecoderConfig.from_hf(target.config.to_dict()))
+    torch.manual_seed(0)
+    path = model_dirs / "eagle.safetensors"
+    save_head(path, build_head(config), config, torch.arange(target.config.vocab_size))
+    return str(path)
+
+
 def test_serve_with_goodput_k_answers_as_plain_decoding(model_dirs):
-    """`specdec serve -k auto`: the step's k from measured costs; greedy text equals a plain server's."""
+    """`specdec serve -k auto`: the step's k from measured costs; greedy text equals a plain server's,
+    with a draft model and with an EAGLE head drafting trees (--head)."""
     texts = {}
     for argv in (["--method", "draft", "--draft", str(model_dirs / "draft"), "-k", "auto", "--max-k", "4"],
+                 ["--method", "eagle-tree", "--head", _random_eagle_head(model_dirs), "--tree-size", "6", "-k",
+                  "auto", "--max-k", "4"],
                  ["--method", "autoregressive"]):
         process, port = start_serve(model_dirs, *argv)
         try:
@@ -101,4 +121,4 @@ def test_serve_with_goodput_k_answers_as_plain_decoding(model_dirs):
             stderr = stop_serve(process)
         if argv[1] == "draft":
             assert "k per step by goodput, <= 4" in stderr
-    assert texts["draft"] == texts["autoregressive"]
+    assert texts["draft"] == texts["eagle-tree"] == texts["autoregressive"]

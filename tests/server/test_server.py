@@ -91,6 +91,39 @@ def test_a_suffix_server_shares_its_cache_across_requests(reference):
     assert second["accepted_tokens"] > first["accepted_tokens"] and second["target_forwards"] < 20
 
 
+def test_a_head_server_drafts_trees_for_concurrent_clients_and_answers_plain_greedy(reference):
+    """--method eagle-tree: every row drafts its own EAGLE-2 tree from the target's features, the
+    trees of concurrent requests are verified in one forward; answers are plain greedy's."""
+    from specdec.config import HeadOptions, SpecConfig
+    from specdec.models.heads import FrozenVocabulary, HeadConfig, LoadedHead, build_head
+    from specdec.server import build_server
+
+    model = make_model(seed=0)
+    target = make_native(model, max_context=4096)
+    head_config = HeadConfig.for_target("eagle", target.decoder.config)
+    torch.manual_seed(0)
+    vocab_ids = torch.arange(model.config.vocab_size)
+    head = LoadedHead(head_config, build_head(head_config).eval(), vocab_ids, {})
+    vocabulary = FrozenVocabulary(model.get_input_embeddings().weight, model.get_output_embeddings().weight, vocab_ids)
+    config = SpecConfig(method="eagle-tree", k=3, head=HeadOptions(tree_size=6, tree_topk=2))
+    app = build_server(target, chat_tokenizer(), name=MODEL_NAME, config=config, slots=3, prefill_chunk=16,
+                       head=(head, vocabulary))
+    prompts = ["the quick brown fox", "hello", "why? because.", "a b c d e f"]
+
+    async def ask_all(base):
+        async with httpx.AsyncClient(timeout=60) as http:
+            bodies = [{"model": MODEL_NAME, "prompt": p, "max_tokens": 30, "temperature": 0} for p in prompts]
+            responses = await asyncio.gather(*(http.post(f"{base}/v1/completions", json=b) for b in bodies))
+            return [response.raise_for_status().json() for response in responses]
+
+    with serve(app) as base:
+        answers = asyncio.run(ask_all(base))
+    for prompt, answer in zip(prompts, answers):
+        expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=30)
+        assert answer["choices"][0]["text"] == expected.text, prompt
+        assert answer["speculative"]["method"] == "eagle-tree" and answer["speculative"]["drafted_tokens"] > 0
+
+
 def test_token_id_prompts_and_default_max_tokens(client, reference):
     ids = chat_tokenizer()("hello world")["input_ids"]
     response = client.completions.create(model=MODEL_NAME, prompt=ids, temperature=0, extra_body={"ignore_eos": True})

@@ -16,6 +16,14 @@ is SpecEngine's step over all rows together:
 Row b draws exactly the random numbers it would draw alone, and its tokens
 depend only on its own context, so a request's output does not depend on what
 else runs beside it (tests compare with SpecEngine).
+
+Rows may draft trees (EAGLE-2's dynamic tree, Medusa's static one): the step's
+forward then carries each row's ancestor mask (a chain row's is causal) and each
+node sits at its depth, so the native decoder's tree attention gives every node the
+keys plain decoding gives it, in the same blocks (models/native/attention.py): a
+row's logits are bit for bit those of its own tree forward alone. Each row then
+keeps its accepted path (keep_path). Head proposers read the target's features:
+each row queues those of its committed tokens until its proposer next drafts.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.engine.engine import verify_step
+from specdec.engine.engine import select_target_features, verifies_as_chain, verify_step, verify_tree_step
 from specdec.engine.goodput import GoodputK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
@@ -35,6 +43,7 @@ from specdec.models.native.runner import NativeRunner
 from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
+from specdec.sampling.tree import tree_attention_mask, tree_depths
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
@@ -63,6 +72,8 @@ class _Running:
     stats: RequestStats = field(default_factory=RequestStats)
     decode_started: float = 0.0
     prefilled: int = 0  # prompt tokens in the cache (all but the last once prefilled)
+    # Head proposers only: the target's features of committed tokens the row's proposer has not read.
+    pending_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -108,6 +119,9 @@ class BatchEngine:
         self.prefill_chunk = prefill_chunk
         self.last_step = StepInfo()
         self.shared_prefills = 0  # requests whose prefill was copied from a running twin (same prompt)
+        # EAGLE / EAGLE-3 / Medusa: the proposer reads the target's features (all of a row's, from its prefill on).
+        self._reads_hidden = bool(getattr(proposer, "reads_target_hidden", False))
+        self._feature_layers = tuple(getattr(proposer, "target_layers", ()))
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -148,7 +162,9 @@ class BatchEngine:
                            list(request.prompt_ids))
         running.stats.prompt_tokens = len(request.prompt_ids)
         row = self.running  # rows are packed: decoding rows first, then the ones being prefilled
-        twin = self._row_with_prompt(request.prompt_ids)
+        # A twin's prefill is shared by copying its cache rows; a head proposer would also need the
+        # prompt's features, which the twin's proposer has already read: prefill those requests anew.
+        twin = None if self._reads_hidden else self._row_with_prompt(request.prompt_ids)
         if twin is not None:
             # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
             # with exactly this prefill, computed by the same forward, so copy it instead of recomputing.
@@ -177,7 +193,9 @@ class BatchEngine:
                 ids = torch.tensor([running.request.prompt_ids[running.prefilled:running.prefilled + count]],
                                    dtype=torch.int64, device=self.target.device)
                 positions = torch.arange(running.prefilled, running.prefilled + count, device=self.target.device)
-                self.target.forward(ids, positions[None], rows=slice(row, row + 1), last_n_logits=1)
+                self._select_features()
+                output = self.target.forward(ids, positions[None], rows=slice(row, row + 1), last_n_logits=1)
+                self._queue_hidden(running, output.hidden)
                 running.prefilled += count
                 running.stats.prefill_time_s += time.perf_counter() - started
                 if budget is not None:
@@ -189,6 +207,21 @@ class BatchEngine:
                 self.proposer.start_row(row)
             running.decode_started = time.perf_counter()
             self._rows.append(running)
+
+    def _select_features(self) -> None:
+        """The target's forward hands over what the proposer reads (EAGLE-3: inner layers). Set before
+        every forward, as SpecEngine does per request: other engines may share the target's weights."""
+        if self._reads_hidden:
+            select_target_features(self.target, self._feature_layers)
+
+    def _queue_hidden(self, running: _Running, hidden: torch.Tensor | None) -> None:
+        """Queue a row's committed tokens' features [1, n, H] for its proposer's next draft."""
+        if not self._reads_hidden:
+            return
+        if hidden is None:
+            raise ValueError("this proposer reads the target's hidden states; the target's runner gives none")
+        pending = running.pending_hidden
+        running.pending_hidden = hidden if pending is None else torch.cat([pending, hidden], dim=1)
 
     def _row_with_prompt(self, prompt_ids: list[int]) -> int | None:
         """A decoding row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
@@ -244,20 +277,30 @@ class BatchEngine:
         # 1. Propose, each row within its own cap.
         propose_started = time.perf_counter()
         if self.proposer is not None and max(max_ks) >= 1:
-            contexts = [ProposeContext(torch.tensor([row.tokens], device=device), row.request.params,
-                                       row.generator, self.target.vocab_size) for row in rows]
+            contexts = []
+            for row, max_k in zip(rows, max_ks):
+                hidden = None
+                if self._reads_hidden and max_k >= 1:  # a row drafting nothing keeps its queue for later
+                    hidden, row.pending_hidden = row.pending_hidden, None
+                contexts.append(ProposeContext(torch.tensor([row.tokens], device=device), row.request.params,
+                                               row.generator, self.target.vocab_size, target_hidden=hidden))
             proposal = self.proposer.propose(contexts, max_ks)
         else:
             proposal = DraftProposal.empty(batch, device)
         draft_ids = proposal.token_ids.to(device)  # [B, k]
         k = draft_ids.shape[1]
+        trees = proposal.row_parents or (None,) * batch  # row b's tree (its parents), or None: a chain
 
-        # 2. One target forward over [last_token, *drafts] of every row, each at its own positions.
+        # 2. One target forward over [last_token, *drafts] of every row, each at its own positions
+        #    (a tree's nodes at the root's position + depth, each seeing only its ancestors).
         forward_started = time.perf_counter()
         last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
         inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
-        positions = torch.tensor(lengths, device=device)[:, None] - 1 + torch.arange(k + 1, device=device)[None]
-        target_logits = self.target.forward(inputs, positions, rows=slice(0, batch)).logits  # [B, k+1, V]
+        offsets, among_new = self._tree_layout(trees, k)
+        positions = torch.tensor(lengths, device=device)[:, None] - 1 + offsets.to(device)
+        self._select_features()
+        output = self.target.forward(inputs, positions, rows=slice(0, batch), among_new=among_new)
+        target_logits = output.logits  # [B, k+1, V]
         if self.goodput is not None:
             target_logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
             self.goodput.record_step(batch, batch * (k + 1), time.perf_counter() - forward_started, max(max_ks),
@@ -267,16 +310,34 @@ class BatchEngine:
         num_draft = proposal.num_tokens.tolist()  # host sync: commit code
         verified: list[list[int]] = []  # accepted drafts and the closing token, per row
         num_accepted: list[int] = []
+        kept_inputs: list[list[int]] = []  # per row, the forward's inputs now committed (root first)
         for b, row in enumerate(rows):
             width = num_draft[b]
             probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
-            result = verify_step(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
-                                 target_logits[b:b + 1, :width + 1], row.request.params, row.generator)
-            num_accepted.append(int(result.num_accepted[0]))
-            verified.append(result.output_ids[0, :num_accepted[-1] + 1].tolist())
+            row_logits = target_logits[b:b + 1, :width + 1]
+            if trees[b] is None and verifies_as_chain(row.request.params):
+                result = verify_step(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
+                                     row_logits, row.request.params, row.generator)
+                num_accepted.append(int(result.num_accepted[0]))
+                verified.append(result.output_ids[0, :num_accepted[-1] + 1].tolist())
+                kept_inputs.append(list(range(num_accepted[-1] + 1)))
+            else:
+                row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
+                                             parents=trees[b])
+                tree = verify_tree_step(row_proposal, row_logits, row.request.params, row.generator)
+                num_accepted.append(tree.num_accepted)
+                verified.append(tree.output_ids)
+                kept_inputs.append([0] + [node + 1 for node in tree.path])
 
-        # 5. Roll back each row to its committed tokens but the last (which opens the next step).
+        # 5. Roll back each row to its committed tokens but the last (which opens the next step):
+        #    a tree row keeps its accepted path, packed after the root; a chain row its prefix.
+        for b, parents in enumerate(trees):
+            if parents is not None:
+                self.target.keep_path(lengths[b] - 1, kept_inputs[b][1:], row=b)
         self.target.truncate([length + a for length, a in zip(lengths, num_accepted)], rows=slice(0, batch))
+        if self._reads_hidden:
+            for b, row in enumerate(rows):
+                self._queue_hidden(row, output.hidden[b:b + 1, kept_inputs[b]])
         if self.proposer is not None and k > 0:
             self.proposer.on_verified(torch.tensor(num_accepted))
 
@@ -287,8 +348,9 @@ class BatchEngine:
             kept = row.request.commit(verified[b])
             row.tokens += kept
             logprobs = None
-            if row.request.logprobs is not None:  # the target's, at the positions that emitted them
-                logprobs = token_logprobs(target_logits[b], kept, row.request.params, row.request.logprobs)
+            if row.request.logprobs is not None:  # the target's, at the inputs that emitted them
+                logprobs = token_logprobs(target_logits[b, kept_inputs[b]], kept, row.request.params,
+                                          row.request.logprobs)
                 row.request.token_logprobs += logprobs
             row.stats.record_step(num_draft[b], num_accepted[b], len(kept))
             if self.goodput is not None:
@@ -310,6 +372,22 @@ class BatchEngine:
             self._free(b)
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates
+
+    @staticmethod
+    def _tree_layout(trees: Sequence[tuple[int, ...] | None], k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each input's offset from the root's position [B, k+1], and which inputs each input sees
+        [B, k+1, k+1] (None: every row a chain, causal). A tree row's padding after its nodes sits
+        at chain offsets and sees causally: no node sees it, and rollback drops it."""
+        offsets = torch.arange(k + 1).repeat(len(trees), 1)
+        if all(parents is None for parents in trees):
+            return offsets, None
+        among_new = torch.ones(k + 1, k + 1, dtype=torch.bool).tril().repeat(len(trees), 1, 1)
+        for b, parents in enumerate(trees):
+            if parents:
+                n = len(parents) + 1
+                offsets[b, 1:n] = torch.tensor(tree_depths(parents))
+                among_new[b, :n, :n] = tree_attention_mask(parents)
+        return offsets, among_new
 
     def _free(self, row: int) -> None:
         """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow."""

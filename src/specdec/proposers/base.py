@@ -33,6 +33,9 @@ class DraftProposal:
     # root (the last committed token); topological order (sampling/tree.py). None = a chain.
     parents: tuple[int, ...] | None = None
     lookahead: LookaheadInputs | None = None  # one row only
+    # A batch of B rows where some draft trees (the batched engine, proposers/batched.py): row b's
+    # parents, or None for a chain. None = every row a chain.
+    row_parents: tuple[tuple[int, ...] | None, ...] | None = None
 
     @staticmethod
     def of_row(tokens: list[int], parents: Sequence[int] | None, device: torch.device | str,

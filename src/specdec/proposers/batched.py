@@ -41,6 +41,7 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
 
     Rows without a distribution are point masses; when some other row has one,
     they get the one-hot q that None stands for (the same acceptance and residual).
+    A row's tree (its parents) goes to row_parents; the engine verifies each row's own shape.
     """
     width = max((p.token_ids.shape[1] for p in proposals), default=0)
     batch = len(proposals)
@@ -55,15 +56,24 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
         if probs is not None and k:
             probs[row, :k] = (proposal.probs[0].to(device) if proposal.probs is not None else
                               torch.nn.functional.one_hot(proposal.token_ids[0].clamp_min(0), vocab_size).float())
-    return DraftProposal(token_ids, num_tokens, probs)
+    trees = tuple(p.parents for p in proposals)
+    return DraftProposal(token_ids, num_tokens, probs,
+                         row_parents=trees if any(parents is not None for parents in trees) else None)
 
 
 class RowwiseProposer:
-    """One single-sequence proposer per row; propose() asks each row's in turn."""
+    """One single-sequence proposer per row; propose() asks each row's in turn.
+
+    A head proposer (EAGLE, EAGLE-3, Medusa) keeps its own small KV cache per row and shares
+    the head's weights; like the single-sequence engine, the batched engine then hands each
+    row the target's features of its newly committed tokens (ProposeContext.target_hidden)."""
 
     def __init__(self, make_proposer: Callable[[], Proposer], slots: int) -> None:
         self.rows: list[Proposer] = [make_proposer() for _ in range(slots)]
         self._proposed = [False] * slots  # whose proposal is being verified
+        first = self.rows[0]
+        self.reads_target_hidden = bool(getattr(first, "reads_target_hidden", False))
+        self.target_layers = tuple(getattr(first, "target_layers", ()))
 
     def start_row(self, row: int) -> None:
         self.rows[row].reset()

@@ -149,7 +149,8 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 
 
-BATCHED_METHODS = ("autoregressive", "draft", "ngram", "ngram+draft", "suffix")  # the batched engine (server) runs
+BATCHED_METHODS = ("autoregressive", "draft", "ngram", "ngram+draft", "suffix", "eagle", "eagle-tree", "eagle3",
+                   "eagle3-tree", "medusa")  # the batched engine (server) runs; lookahead is single-sequence
 
 
 def check_batched_method(method: str) -> None:
@@ -170,13 +171,22 @@ def build_batch_proposer(
     suffix: SuffixOptions | None = None,
     suffix_cache: SuffixCache | None = None,
     draft_k: int | None = None,
+    head=None,  # models.heads.LoadedHead, for eagle / eagle3 / their trees / medusa
+    head_vocabulary=None,
+    tree_size: int | None = None,
+    tree_topk: int = 4,
 ) -> BatchProposer | None:
     """The proposer of engine/batch.py's BatchEngine; None means plain decoding.
-    suffix: every row drafts chains (the batched verifier's shape) from one shared cache."""
+    suffix: every row drafts chains from one shared cache; a head method: one proposer
+    per row (its own small cache) over one head's weights, chains or trees as alone."""
     check_batched_method(method)
     check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
     if method == "autoregressive":
         return None
+    if head_kind(method) is not None:
+        size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
+        _head_proposer(method, head, head_vocabulary, size, tree_topk)  # the clear errors, before `slots` copies
+        return RowwiseProposer(lambda: _head_proposer(method, head, head_vocabulary, size, tree_topk), slots)
     if method == "ngram":
         return RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
     if method == "suffix":

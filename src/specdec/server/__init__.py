@@ -26,7 +26,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
                  max_context: int | None = None, default_max_tokens: int = 256,
                  spec_max_batch: int | None = None, lenience: float = 1.0, api_key: str | None = None,
-                 public_metrics: bool = False, prefill_chunk: int | None = None) -> FastAPI:
+                 public_metrics: bool = False, prefill_chunk: int | None = None, head=None) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
     and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
@@ -35,7 +35,8 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     spec_max_batch: draft only while at most this many requests run (None: always);
     with --method suffix all requests share one cache of earlier outputs;
     lenience: every request's (sampling/params.py); below 1 the server is LOSSY, and its /v1/models
-    and each response's `speculative` block say so.
+    and each response's `speculative` block say so; head: (LoadedHead, FrozenVocabulary) for an
+    eagle / eagle3 / medusa method (factory.load_head).
     """
     from specdec.factory import batch_proposer_for
 
@@ -57,7 +58,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
         if not hasattr(draft_runner, "with_batch_size"):
             raise ValueError("serving with a draft model needs the draft on the native backend too")
         draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
-    proposer = batch_proposer_for(config, slots=slots, draft_runner=draft)
+    proposer = batch_proposer_for(config, slots=slots, draft_runner=draft, head=head)
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
     engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch,
                          prefill_chunk=prefill_chunk, max_k=config.max_k)

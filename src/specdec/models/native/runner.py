@@ -126,12 +126,13 @@ class NativeRunner:
     # The cache's storage is (re)allocated inside forward, under inference mode, once a row
     # outgrows it; in-place copies into such an inference tensor are allowed only in that mode.
     @torch.inference_mode()
-    def keep_path(self, start: int, offsets: list[int]) -> None:
-        """Tree verification's rollback (one row): keep the root at slot start and the
-        accepted path's inputs (offsets from start, root excluded), packed after it."""
-        if self.batch_size != 1:
-            raise ValueError("tree verification runs one request at a time")
-        self.cache.keep_path(0, start, offsets)
+    def keep_path(self, start: int, offsets: list[int], row: int | None = None) -> None:
+        """Tree verification's rollback of one row: keep the root at slot start and the
+        accepted path's inputs (offsets from start, root excluded), packed after it.
+        row: the cache row (None: the only one)."""
+        if row is None and self.batch_size != 1:
+            raise ValueError("name the row whose tree to keep: this runner holds several")
+        self.cache.keep_path(0 if row is None else row, start, offsets)
 
     @torch.inference_mode()
     def move_row(self, source: int, destination: int) -> None:
