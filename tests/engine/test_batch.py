@@ -30,9 +30,9 @@ def models():
 def _single(models, tokenizer, method, k=3):
     target, draft = make_native(models[0]), make_native(models[1])
     proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer(),
-                # Chains, as the batched engine drafts; no cache of earlier outputs, whose contents
+                # Trees, as the batched engine drafts them; no cache of earlier outputs, whose contents
                 # depend on the order requests finish in (the server's cache: its own test).
-                "suffix": SuffixProposer(options=NO_CACHE, trees=False),
+                "suffix": SuffixProposer(options=NO_CACHE),
                 "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft))}[method]
     return SpecEngine(target, proposer, tokenizer, k=k)
 
@@ -84,10 +84,26 @@ def test_batched_sampling_is_lossless(models, tokenizer):
 
 
 def test_batched_suffix_rows_share_one_cache_of_earlier_outputs(models, tokenizer):
-    """Requests that finished teach the rows that run after them; output stays plain greedy."""
+    """Requests that finished teach the rows that run after them; output stays plain greedy. Rows draft
+    trees (the target's sampled answers in the cache: several continuations compete), verified
+    together in the step's forward."""
     target = make_native(models[0], batch_size=SLOTS)
-    engine = BatchEngine(target, build_batch_proposer("suffix", slots=SLOTS, suffix=SuffixOptions(cache_requests=8)),
-                         tokenizer, k=4)
+    options = SuffixOptions(cache_requests=64, spec_factor=4, min_token_prob=0.05)
+    proposer = build_batch_proposer("suffix", slots=SLOTS, suffix=options)
+    sampler = SpecEngine(make_native(models[0]), None, tokenizer)
+    for seed in range(6):
+        for prompt in PROMPTS[:SLOTS]:
+            sampled = sampler.generate(prompt, SamplingParams(temperature=0.9, seed=seed), max_new_tokens=12)
+            proposer.rows[0].cache.add(sampled.token_ids)
+    with_trees, propose = [], proposer.propose
+
+    def recording_propose(contexts, max_ks):
+        proposal = propose(contexts, max_ks)
+        with_trees.append(proposal.row_parents is not None)
+        return proposal
+
+    proposer.propose = recording_propose
+    engine = BatchEngine(target, proposer, tokenizer, k=4)
     plain = SpecEngine(make_native(models[0]), None, tokenizer)
     params, accepted = SamplingParams(temperature=0), []
     for _ in range(2):
@@ -106,6 +122,7 @@ def test_batched_suffix_rows_share_one_cache_of_earlier_outputs(models, tokenize
             tokens += [t for update in engine.step() for t in update.token_ids]
         assert tokens == plain.generate(prompt, params, max_new_tokens=24).token_ids
     assert accepted[1] > accepted[0]
+    assert any(with_trees)
 
 
 def test_stop_strings_and_ignore_eos(tokenizer):

@@ -40,6 +40,9 @@ def test_dear_verification_or_poor_acceptance_decode_plainly_then_probe():
             controller.record_row(handle, 4, 0)
     choices = [controller.choose(list("abcd"), [8] * 4) for _ in range(3)]
     assert choices[:2] == [[0] * 4, [0] * 4] and choices[2] == [1] * 4  # the third step probes with one draft
+    # The probe brought nothing back: the next one waits twice as long (6 steps), then 12.
+    probes = [step for step in range(1, 19) if controller.choose(list("abcd"), [8] * 4) == [1] * 4]
+    assert probes == [6, 18]
 
 
 def test_acceptance_and_costs_pick_a_middle_k():

@@ -303,7 +303,7 @@ class BatchEngine:
         target_logits = output.logits  # [B, k+1, V]
         if self.goodput is not None:
             target_logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
-            self.goodput.record_step(batch, batch * (k + 1), time.perf_counter() - forward_started, max(max_ks),
+            self.goodput.record_step(batch, batch * (k + 1), time.perf_counter() - forward_started, k,
                                      forward_started - propose_started)
 
         # 3-4. Verify each row alone: its own width, params and generator.

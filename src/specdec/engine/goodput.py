@@ -22,9 +22,13 @@ whole batch, from each row's own acceptance; this does the same:
               its remaining tokens, the context), k = 0 (plain decoding) included.
               The verify forward is rectangular ([rows, widest + 1], padded), so a row
               drafting less than the widest saves nothing: only the widest counts in
-              t_target, and every row's expected tokens in the numerator. After
-              `explore_every` steps at k = 0 one step drafts one token, so the rates
-              can recover when the text changes.
+              t_target, and every row's expected tokens in the numerator.
+  probes      after `explore_every` steps at k = 0 one step drafts one token, so the
+              rates can recover when the text changes. Each probe that does not
+              bring drafting back doubles the wait before the next, up to
+              `max_explore_every` (as AdaptiveK does for one request): where drafting
+              never pays (a draft model slower than its worth on this machine) the
+              probes cost a fraction of a percent instead of one step in sixteen.
 
 It only chooses how many tokens each row drafts, never how they are verified, so
 every row's output stays exactly what verification makes of it: greedy output
@@ -52,10 +56,12 @@ def _expected_tokens(alpha: float, k: int) -> float:
 
 class GoodputK:
     def __init__(self, max_k: int, *, decay: float = 0.8, prior_alpha: float = 0.6, prior_weight: float = 4.0,
-                 explore_every: int = 16, window: int = 64) -> None:
+                 explore_every: int = 16, max_explore_every: int = 512, window: int = 64) -> None:
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {max_k!r}")
         self.max_k, self.decay, self.explore_every = max_k, decay, explore_every
+        self.max_explore_every = max(explore_every, max_explore_every)
+        self._explore_gap = explore_every  # idle steps before the next probe; doubles after each fruitless one
         self._engine = _RowAcceptance(prior_weight, prior_weight * prior_alpha)  # all requests: a new row's start
         self._rows: dict[Hashable, _RowAcceptance] = {}
         self._plain: dict[int, deque[float]] = {}  # rows -> recent plain step times
@@ -77,7 +83,8 @@ class GoodputK:
 
     def record_step(self, rows: int, tokens: int, target_s: float, drafted_positions: int, propose_s: float) -> None:
         """One step: the target's forward over `rows` rows and `tokens` tokens took target_s; the
-        proposer drafted `drafted_positions` positions (the largest k of the step) in propose_s."""
+        proposer drafted `drafted_positions` positions (the widest row's drafts) in propose_s. A step
+        whose proposer drafted nothing (a draft model only reading a prompt) is not a drafting cost."""
         if tokens == rows:
             self._plain.setdefault(rows, deque(maxlen=self._window)).append(target_s)
         else:
@@ -117,10 +124,12 @@ class GoodputK:
                 best_k, best_value = k, value
         if best_k == 0:
             self._idle_steps += 1
-            if self._idle_steps >= self.explore_every:  # probe with one draft so the rates can recover
+            if self._idle_steps >= self._explore_gap:  # probe with one draft so the rates can recover
                 self._idle_steps, best_k = 0, 1
+                self._explore_gap = min(2 * self._explore_gap, self.max_explore_every)  # if it brings nothing back
         else:
             self._idle_steps = 0
+            self._explore_gap = self.explore_every
         return [min(best_k, cap) for cap in caps]
 
     def _plain_s(self, rows: int) -> float | None:

@@ -177,7 +177,7 @@ def build_batch_proposer(
     tree_topk: int = 4,
 ) -> BatchProposer | None:
     """The proposer of engine/batch.py's BatchEngine; None means plain decoding.
-    suffix: every row drafts chains from one shared cache; a head method: one proposer
+    suffix: every row drafts trees, as alone, from one shared cache; a head method: one proposer
     per row (its own small cache) over one head's weights, chains or trees as alone."""
     check_batched_method(method)
     check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
@@ -192,7 +192,7 @@ def build_batch_proposer(
     if method == "suffix":
         options = suffix or SuffixOptions()
         cache = suffix_cache if suffix_cache is not None else options.new_cache()
-        return RowwiseProposer(lambda: SuffixProposer(cache, options, trees=False), slots)
+        return RowwiseProposer(lambda: SuffixProposer(cache, options), slots)
     if draft_runner is None:
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
     if getattr(draft_runner, "batch_size", None) != slots:

@@ -279,8 +279,7 @@ class SuffixProposer:
     >>> engine = SpecEngine(target_runner, SuffixProposer(cache), tokenizer, k=16)
 
     The engine calls end_request(prompt_ids, output_ids) when a request finishes; its output
-    then joins the cache. trees=False (the batched engine) drafts the best tree's most likely
-    path as a chain.
+    then joins the cache. trees=False drafts the best tree's most likely path as a chain.
     """
 
     def __init__(self, cache: SuffixCache | None = None, options: SuffixOptions | None = None,
