@@ -49,6 +49,15 @@ def k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text}") from None
 
 
+def tree_size_value(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return non_negative_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or auto, got {text}") from None
+
+
 def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str], float]:
     """An argparse type: a float that `contains` accepts, else an error naming the interval."""
     def parse(text: str) -> float:
@@ -140,9 +149,12 @@ def add_head_args(parser: argparse.ArgumentParser) -> None:
                        help="a head checkpoint from `specdec train-head`, or for eagle3 a speculators / EAGLE-3 "
                             "directory (config.json + safetensors, as vLLM loads) (default: the one trained for "
                             "--target in the models' cache)")
-    heads.add_argument("--tree-size", type=non_negative_int, default=None, metavar="N",
+    heads.add_argument("--tree-size", type=tree_size_value, default=None, metavar="N|auto",
                        help="drafted tree nodes per step (default: 10; medusa 0 = a chain). Each node is one more "
-                            "token the target verifies: on a CPU small trees pay, on a GPU EAGLE-2 uses ~60")
+                            "token the target verifies: on a CPU small trees pay, on a GPU EAGLE-2 uses ~60. "
+                            "auto (eagle-tree, eagle3-tree; not serve): each step as many of the head's most "
+                            "confident nodes as pay, from their path probabilities and the measured cost of "
+                            "verifying n tokens on this machine")
     heads.add_argument("--tree-topk", type=positive_int, default=4,
                        help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
 

@@ -45,15 +45,17 @@ class HeadOptions:
 
     path: a checkpoint from `specdec train-head` or an EAGLE-3 speculators directory
     (None: the one trained for the target in the models' cache); tree_size: drafted nodes
-    per step (None: the method's default); tree_topk: candidates per expanded node."""
+    per step (None: the method's default; "auto": EAGLE-2 trees sized each step from the
+    head's confidence and the measured verification costs); tree_topk: candidates per
+    expanded node."""
 
     path: str | None = None
-    tree_size: int | None = None
+    tree_size: int | str | None = None
     tree_topk: int = 4
 
     def __post_init__(self) -> None:
-        if self.tree_size is not None and (not _is_int(self.tree_size) or self.tree_size < 0):
-            raise ValueError(f"tree_size must be an integer >= 0 or None, got {self.tree_size!r}")
+        if self.tree_size not in (None, "auto") and (not _is_int(self.tree_size) or self.tree_size < 0):
+            raise ValueError(f"tree_size must be an integer >= 0, 'auto' or None, got {self.tree_size!r}")
         if not _is_int(self.tree_topk) or self.tree_topk < 1:
             raise ValueError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
 

@@ -121,13 +121,14 @@ def _proposers(eagle, medusa, vocab):
     return {
         "eagle chain": lambda: EagleProposer(eagle[1].module, vocab),
         "eagle tree": lambda: EagleProposer(eagle[1].module, vocab, tree_size=8, tree_topk=3),
+        "eagle tree auto": lambda: EagleProposer(eagle[1].module, vocab, tree_size="auto", tree_topk=3),
         "medusa chain": lambda: MedusaProposer(medusa[1].module, vocab),
         "medusa tree": lambda: MedusaProposer(medusa[1].module, vocab, tree_size=8,
                                               accuracies=medusa[1].config.accuracies),
     }
 
 
-@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa chain", "medusa tree"])
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa chain", "medusa tree"])
 def test_greedy_with_a_head_is_plain_greedy(name, target, vocab, eagle, medusa):
     proposer = _proposers(eagle, medusa, vocab)[name]()
     spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
@@ -208,7 +209,7 @@ class PathCounter:
         self.inner.on_verified(num_accepted)
 
 
-@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa tree"])
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa tree"])
 def test_sampling_with_a_head_keeps_the_target_distribution(name, target, vocab, eagle, medusa):
     """1000 speculative draws at T=0.8 against 1000 plain ones: first token and first two tokens."""
     params = SamplingParams(temperature=0.8)
@@ -218,12 +219,33 @@ def test_sampling_with_a_head_keeps_the_target_distribution(name, target, vocab,
     prompt = PROMPTS[0]
     spec_draws = list(spec.sample_continuations(prompt, params, 1000))
     plain_draws = list(plain.sample_continuations(prompt, params, 1000, seed=10_000))
-    # Acceptances really happen (Medusa's tiny heads are right less often: one level is what they reach).
-    deep = 2 if name.startswith("eagle") else 1
+    # Acceptances really happen (Medusa's tiny heads are right less often: one level is what they reach;
+    # auto-sized trees on this tiny target are mostly a node or two, verification costing what it does).
+    deep = 2 if name in ("eagle chain", "eagle tree") else 1
     assert sum(n >= deep for n in proposer.accepted) > 50, proposer.accepted
     tests = distribution_tests(spec_draws, plain_draws)
     assert all(t.dof >= 3 for t in tests)
     assert min(t.p_value for t in tests) > 1e-4, tests
+
+
+def test_an_auto_sized_tree_is_measured_and_sized_step_by_step(target, vocab, eagle):
+    """--tree-size auto: the engine reports each tree's verification to the proposer's budget, and the
+    tree's size changes from step to step with the head's confidence (the choice itself: test_tree_budget.py)."""
+    proposer = EagleProposer(eagle[1].module, vocab, tree_size="auto", tree_topk=3)
+    spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
+    sizes = []
+    original = proposer.tree_budget.choose
+
+    def recording_choose(path_probs):
+        sizes.append(original(path_probs))
+        return sizes[-1]
+
+    proposer.tree_budget.choose = recording_choose
+    for prompt in PROMPTS:
+        spec.generate(prompt, SamplingParams(temperature=0), max_new_tokens=30)
+    measured = proposer.tree_budget._verify_s.samples
+    assert len(measured) > 10 and {int(tokens) - 1 for tokens, _ in measured} <= set(sizes)
+    assert len(set(sizes)) >= 3
 
 
 def test_an_eagle_tree_is_a_proper_tree_within_its_budget(target, vocab, eagle):

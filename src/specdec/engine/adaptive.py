@@ -52,45 +52,10 @@ speculation stays exactly as lossless as with a fixed k (tests pin it).
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
-from collections.abc import Callable
 
+from specdec.analysis.costs import RecentTimes
 from specdec.analysis.theory import best_k, expected_tokens_from_rates
-
-
-class _RecentTimes:
-    """The last `window` (x, seconds) samples, summarised by medians so one-off slow steps do not count."""
-
-    def __init__(self, window: int) -> None:
-        self.samples: deque[tuple[float, float]] = deque(maxlen=window)
-
-    def add(self, x: float, seconds: float) -> None:
-        self.samples.append((x, seconds))
-
-    def predictor(self) -> Callable[[float], float] | None:
-        """seconds(x): the median of x's own samples where x was seen; elsewhere a straight
-        line through the median of each seen x, weighted by how often it was seen.
-
-        Measured points win because costs are not linear in x: on the embedded
-        pair verifying 4 or 5 tokens costs about the same, 7 about 35% more. The
-        line only extrapolates to untried x; one x seen so far gives a flat line.
-        Its slope is never negative: verifying more tokens never costs less.
-        """
-        by_x: dict[float, list[float]] = {}
-        for x, y in self.samples:
-            by_x.setdefault(x, []).append(y)
-        if not by_x:
-            return None
-        medians = {x: statistics.median(ys) for x, ys in by_x.items()}
-        weights = {x: len(ys) for x, ys in by_x.items()}
-        total = sum(weights.values())
-        mean_x = sum(x * weights[x] for x in medians) / total
-        mean_y = sum(medians[x] * weights[x] for x in medians) / total
-        spread = sum(weights[x] * (x - mean_x) ** 2 for x in medians)
-        slope = sum(weights[x] * (x - mean_x) * (medians[x] - mean_y) for x in medians) / spread if spread else 0.0
-        slope = max(slope, 0.0)
-        return lambda x: medians[x] if x in medians else mean_y + slope * (x - mean_x)
 
 
 class AdaptiveK:
@@ -127,8 +92,8 @@ class AdaptiveK:
         self._plain_request = False  # this request decodes plainly: its catch-up would not pay
         self._drafted_in_request = False
         # Engine-wide: costs, and acceptance counts per position over every request (the prior).
-        self._draft_s = _RecentTimes(cost_window)  # the proposer's seconds for a step, x = tokens drafted
-        self._verify_s = _RecentTimes(cost_window)  # seconds to verify n tokens, x = n
+        self._draft_s = RecentTimes(cost_window)  # the proposer's seconds for a step, x = tokens drafted
+        self._verify_s = RecentTimes(cost_window)  # seconds to verify n tokens, x = n
         self._catch_up: deque[tuple[int, float]] = deque(maxlen=cost_window)  # (tokens read, seconds)
         self._all_tried = [0.0] * max_k
         self._all_accepted = [0.0] * max_k

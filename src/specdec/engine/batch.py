@@ -379,7 +379,7 @@ class BatchEngine:
         [B, k+1, k+1] (None: every row a chain, causal). A tree row's padding after its nodes sits
         at chain offsets and sees causally: no node sees it, and rollback drops it."""
         offsets = torch.arange(k + 1).repeat(len(trees), 1)
-        if all(parents is None for parents in trees):
+        if not any(trees):  # chains, or trees without a node this step: the cheaper causal forward
             return offsets, None
         among_new = torch.ones(k + 1, k + 1, dtype=torch.bool).tril().repeat(len(trees), 1, 1)
         for b, parents in enumerate(trees):

@@ -420,4 +420,7 @@ class SpecEngine:
         if self.adaptive is not None:
             self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,
                                  verified_tokens=k + 1, verify_s=outcome.verify_s, caught_up=caught_up)
+        tree_budget = getattr(self.proposer, "tree_budget", None)  # --tree-size auto: it sizes the next tree
+        if tree_budget is not None and proposal.parents is not None:
+            tree_budget.record(verified_tokens=k + 1, verify_s=outcome.verify_s, accepted=num_accepted)
         return outcome

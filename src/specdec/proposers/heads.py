@@ -9,7 +9,9 @@ EagleProposer drafts a chain (k tokens, greedy or sampled from the head's
 warped distribution) or, with tree_size > 0, EAGLE-2's dynamic tree (Li et al.
 2024, arXiv 2406.16858): expand the tree_topk most probable nodes of each
 layer by the head's confidence (the product of its probabilities along the
-path), then keep the tree_size most probable nodes overall.
+path), then keep the tree_size most probable nodes overall. tree_size "auto": as
+many of them as pay on this machine, step by step (proposers/tree_budget.py: the
+nodes' path probabilities against the measured cost of verifying them).
 MedusaProposer drafts Medusa's static tree (Cai et al. 2024, Section 2.1.2):
 the paths whose product of measured top-i accuracies is largest.
 Tree nodes are the head's top candidates, not draws, so their verification
@@ -19,9 +21,11 @@ treats them as point masses (sampling/tree.py: still lossless).
 from __future__ import annotations
 
 import heapq
+import math
 
 import torch
 
+from specdec.proposers.tree_budget import TreeBudget
 from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, MedusaHeads
 from specdec.models.native.attention import attention_mask
 from specdec.proposers.base import DraftProposal, ProposeContext
@@ -42,9 +46,15 @@ class EagleProposer:
 
     reads_target_hidden = True
 
-    def __init__(self, head: EagleHead, vocab: FrozenVocabulary, *, tree_size: int = 0, tree_topk: int = 4) -> None:
-        if tree_size < 0 or tree_topk < 1:
-            raise ValueError(f"tree_size must be >= 0 (0 = a chain) and tree_topk >= 1, got {tree_size}, {tree_topk}")
+    def __init__(self, head: EagleHead, vocab: FrozenVocabulary, *, tree_size: int | str = 0, tree_topk: int = 4,
+                 max_tree_size: int = 64) -> None:
+        if tree_size != "auto" and (isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0):
+            raise ValueError(f"tree_size must be an integer >= 0 (0 = a chain) or 'auto', got {tree_size!r}")
+        if tree_topk < 1:
+            raise ValueError(f"tree_topk must be >= 1, got {tree_topk}")
+        # auto: the engine reports each step's verification here (SpecEngine), and the budget sizes the next tree.
+        self.tree_budget = TreeBudget(max_tree_size) if tree_size == "auto" else None
+        tree_size = max_tree_size if tree_size == "auto" else tree_size
         self.head, self.vocab = head, vocab
         self._read = getattr(head, "read_target", lambda hidden: hidden)
         self._to_output = getattr(head, "to_output", lambda feature: feature)
@@ -158,13 +168,18 @@ class EagleProposer:
 
     def _select(self, tokens, parents, scores, depths, device) -> DraftProposal:
         """The tree_size most probable nodes (a parent is at least as probable as its child),
-        in topological order, most probable sibling first."""
-        chosen: set[int] = set()
+        in topological order, most probable sibling first; with a tree budget, the first as
+        many of them as it finds pay."""
+        chosen: dict[int, None] = {}  # in the order added: best first, each after its parent
         for node in sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i])):
             if len(chosen) == self.tree_size:
                 break
             if parents[node] < 0 or parents[node] in chosen:
-                chosen.add(node)
+                chosen[node] = None
+        if self.tree_budget is not None:
+            ranked = list(chosen)
+            size = self.tree_budget.choose([math.exp(scores[node]) for node in ranked])
+            chosen = dict.fromkeys(ranked[:size])
         order = sorted(chosen, key=lambda i: (depths[i], -scores[i]))
         index = {node: position for position, node in enumerate(order)}
         return DraftProposal.of_row([tokens[i] for i in order], [index.get(parents[i], -1) for i in order], device)

@@ -145,7 +145,11 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
     if method in ("eagle", "eagle3"):
         return EagleProposer(head.module, vocabulary)
     if method in ("eagle-tree", "eagle3-tree"):
-        return EagleProposer(head.module, vocabulary, tree_size=max(tree_size, 1), tree_topk=tree_topk)
+        size = tree_size if tree_size == "auto" else max(tree_size, 1)
+        return EagleProposer(head.module, vocabulary, tree_size=size, tree_topk=tree_topk)
+    if tree_size == "auto":
+        raise ValueError("--tree-size auto sizes EAGLE-2 trees (eagle-tree, eagle3-tree) from the head's confidence; "
+                         "give medusa a number")
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 
 
@@ -184,6 +188,9 @@ def build_batch_proposer(
     if method == "autoregressive":
         return None
     if head_kind(method) is not None:
+        if tree_size == "auto":
+            raise ValueError("--tree-size auto weighs one request's verification costs; the server verifies many "
+                             "rows in one forward: give it a number (--tree-size N)")
         size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
         _head_proposer(method, head, head_vocabulary, size, tree_topk)  # the clear errors, before `slots` copies
         return RowwiseProposer(lambda: _head_proposer(method, head, head_vocabulary, size, tree_topk), slots)
