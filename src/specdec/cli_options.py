@@ -40,22 +40,23 @@ def positive_int(text: str) -> int:
     return value
 
 
-def k_value(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        return positive_int(text)
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text}") from None
+def int_or_auto(minimum: int) -> Callable[[str], int | str]:
+    """An argparse type: "auto", or an integer >= minimum."""
+    def parse(text: str) -> int | str:
+        if text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum} or auto, got {text}")
+        return value
+    return parse
 
 
-def tree_size_value(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        return non_negative_int(text)
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or auto, got {text}") from None
+k_value = int_or_auto(1)  # -k
+tree_size_value = int_or_auto(0)  # --tree-size
 
 
 def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str], float]:
