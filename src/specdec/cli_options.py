@@ -112,18 +112,20 @@ def add_model_args(parser: argparse.ArgumentParser, draft: bool = True) -> None:
 
 
 def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> None:
-    """-k defaults to auto where adaptive k is offered (measured at least as good as the best
-    fixed k: benchmarks/RESULTS.md), else 4 (the batched engine drafts a fixed k)."""
+    """-k defaults to auto: one request's adaptive k (measured at least as good as the best fixed k:
+    benchmarks/RESULTS.md), or the server's goodput k per step (at least plain's throughput at 1 to 16
+    clients: benchmarks/results/serve-goodput)."""
     parser.add_argument("--method", default=AUTO_METHOD, choices=[AUTO_METHOD, *METHODS], metavar="METHOD",
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) +
                              "; auto (default): the fastest lossless method measured on the device, ngram on a CPU "
                              "(no draft model; benchmarks/RESULTS.md), draft on CUDA")
-    if not adaptive:  # the batched engine (serve): fixed k, or goodput per step
-        parser.add_argument("-k", type=k_value, default=4, metavar="K|auto",
-                            help="draft tokens per step, >= 1 (default: 4; copying with ngram likes 8), or auto: "
-                                 "each step the k (0 included) that maximises the batch's expected committed "
-                                 "tokens per second, from the measured step costs and each request's acceptance "
-                                 "(goodput, as SmartSpec); replaces --spec-max-batch. Lossless either way")
+    if not adaptive:  # the batched engine (serve): goodput per step, or a fixed k
+        parser.add_argument("-k", type=k_value, default="auto", metavar="K|auto",
+                            help="auto (default): each step the k (0 included) that maximises the batch's expected "
+                                 "committed tokens per second, from the measured step costs and each request's "
+                                 "acceptance (goodput, as SmartSpec); --spec-max-batch then does not apply. Or "
+                                 "a fixed number of draft tokens per step, >= 1 (copying with ngram likes 8). "
+                                 "Lossless either way")
         parser.add_argument("--max-k", type=positive_int, default=8, help="the largest k auto may choose (default: 8)")
         add_ngram_args(parser)
         add_head_args(parser)

@@ -7,8 +7,10 @@ import sys
 
 EPILOG_SERVE = """\
 examples:
-  specdec serve                                        # the embedded pair, draft k=4, http://127.0.0.1:8000
-  specdec serve --method ngram -k 8 --port 8001        # prompt lookup, no draft model
+  specdec serve                                        # the embedded target, auto method (ngram on a CPU,
+                                                       #   draft on CUDA), k per step by goodput, port 8000
+  specdec serve --method draft --port 8001             # the embedded pair: the 0.5B draft drafts
+  specdec serve --method eagle3-tree --head ./my-eagle3 --tree-size 8   # a trained EAGLE-3 head, its trees
   specdec serve --method autoregressive                # the same server without speculation (a baseline)
   specdec serve --target ./my-llama-3b --draft ./my-llama-1b --max-batch 16 --served-model-name llama
 
@@ -44,10 +46,10 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--max-queue", type=int, default=64,
                        help="requests that may wait for a free row; past it the answer is 429 (default: 64)")
     serve.add_argument("--spec-max-batch", default="auto", metavar="N|auto",
-                       help="draft only while at most N requests run; larger batches decode plainly, as vLLM's "
-                            "speculative_disable_by_batch_size does. A batch fills a CPU's cores from a few rows "
-                            "on, and then rejected drafts cost time (benchmarks/RESULTS.md). auto (default): 1 on "
-                            "CPU, no limit on CUDA")
+                       help="with a fixed -k: draft only while at most N requests run; larger batches decode "
+                            "plainly, as vLLM's speculative_disable_by_batch_size does. A batch fills a CPU's cores "
+                            "from a few rows on, and then rejected drafts cost time (benchmarks/RESULTS.md). auto "
+                            "(default): 1 on CPU, no limit on CUDA. -k auto (the default) decides per step instead")
     serve.add_argument("--max-context", type=positive_int, default=None,
                        help="cap on prompt + completion tokens per request (default: the target's context)")
     serve.add_argument("--default-max-tokens", type=positive_int, default=256,
@@ -116,7 +118,8 @@ def cmd_serve(args) -> int:
         f", drafting while <= {spec_max_batch} run"
     if config.k == "auto" and config.method != "autoregressive":
         drafting = f", k per step by goodput, <= {config.max_k}"
-    print(f"specdec: serving {name!r} ({config.method}, k={config.k}, {args.max_batch} rows{drafting}, queue "
+    method = config.method if config.method == "autoregressive" else f"{config.method}, k={config.k}"
+    print(f"specdec: serving {name!r} ({method}, {args.max_batch} rows{drafting}, queue "
           f"{args.max_queue}) on http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -326,6 +326,38 @@ def test_a_long_prompt_no_longer_stalls_running_streams(models, tokenizer):
         BatchEngine(make_native(models[0]), None, tokenizer, prefill_chunk=0)
 
 
+def test_short_prompts_are_prefilled_first_and_a_long_one_is_overtaken_at_most_slots_times(models, tokenizer):
+    """Chunked prefill takes the shortest prompt not yet begun first: two short questions admitted after
+    a long document start decoding before it, and each writes what it writes alone. A prompt is
+    overtaken at most `slots` times (here 4), so a stream of short ones cannot starve it."""
+    engine = _batched_chunked(models, tokenizer, "autoregressive", chunk=8, slots=4)
+    plain = _single(models, tokenizer, "autoregressive")
+    params = SamplingParams(temperature=0)
+    engine.add("running", engine.make_request("hello", params, max_new_tokens=40, ignore_eos=True))
+    engine.step()
+    prompts = {"long": "x y " * 40, "short": "why?", "shorter": "a"}
+    for handle, prompt in prompts.items():
+        engine.add(handle, engine.make_request(prompt, params, max_new_tokens=6))
+    first_token, out, step = {}, {handle: [] for handle in prompts}, 0
+    while engine.running:
+        step += 1
+        for update in engine.step():
+            if update.handle in out and update.token_ids:
+                first_token.setdefault(update.handle, step)
+                out[update.handle] += update.token_ids
+    assert first_token["shorter"] <= first_token["short"] < first_token["long"]
+    for handle, prompt in prompts.items():
+        assert out[handle] == plain.generate(prompt, params, max_new_tokens=6).token_ids
+
+    bounded = _batched_chunked(models, tokenizer, "autoregressive", chunk=8, slots=3)
+    bounded.add("long", bounded.make_request("x y " * 40, params, max_new_tokens=2))
+    bounded.add("a", bounded.make_request("a", params, max_new_tokens=2))
+    assert [running.handle for running in bounded._prefilling] == ["a", "long"]
+    bounded._prefilling[-1].overtaken = 3  # as if rows had freed up for 3 shorter prompts before
+    bounded.add("b", bounded.make_request("b", params, max_new_tokens=2))
+    assert [running.handle for running in bounded._prefilling] == ["a", "long", "b"]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_batched_ngram_then_draft_mixes_copied_and_drafted_rows_in_one_step(models, tokenizer, temperature):
     """Rows whose context repeats copy; the others draft with the model, together; each row's tokens

@@ -50,24 +50,6 @@ def test_dear_verification_or_poor_acceptance_decode_plainly_then_probe():
     assert probes == [6, 18]
 
 
-def test_a_probe_lasts_until_the_proposer_drafts():
-    """A draft model reads a new row's prompt a chunk per step before it drafts: those steps draft
-    nothing, and the probe goes on (up to max_probe_steps) instead of being spent on reading."""
-    controller = GoodputK(max_k=8, explore_every=2, max_probe_steps=3)
-    _costs(controller, rows=1, plain_s=0.1, per_token_s=0.05)
-    controller.record_row("a", 4, 0)
-    assert [controller.choose(["a"], [8]) for _ in range(2)] == [[0], [1]]
-    controller.record_step(1, 1, 0.1, 0, 0.05)  # read a chunk, drafted nothing
-    assert controller.choose(["a"], [8]) == [1]
-    controller.record_step(1, 2, 0.15, 1, 0.01)  # drafted: the probe is over
-    assert controller.choose(["a"], [8]) == [0]
-    for _ in range(4):  # the next probe, then three reading steps: it gives up
-        controller.choose(["a"], [8])
-    for _ in range(3):
-        controller.record_step(1, 1, 0.1, 0, 0.05)
-    assert controller.choose(["a"], [8]) == [0]
-
-
 def test_acceptance_and_costs_pick_a_middle_k():
     """alpha 0.8, a draft token costing a fifth of a step: Leviathan et al.'s optimum is a few tokens."""
     controller = GoodputK(max_k=8)

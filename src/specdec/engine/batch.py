@@ -72,6 +72,7 @@ class _Running:
     stats: RequestStats = field(default_factory=RequestStats)
     decode_started: float = 0.0
     prefilled: int = 0  # prompt tokens in the cache (all but the last once prefilled)
+    overtaken: int = 0  # shorter prompts admitted later but prefilled first (bounded: no starvation)
     # Head proposers only: the target's features of committed tokens the row's proposer has not read.
     pending_hidden: torch.Tensor | None = None
 
@@ -172,11 +173,30 @@ class BatchEngine:
             self.target.truncate([len(request.prompt_ids) - 1], rows=slice(row, row + 1))
             running.prefilled = len(request.prompt_ids) - 1
             self.shared_prefills += 1
+            self._prefilling.append(running)
         else:
             self.target.truncate([0], rows=slice(row, row + 1))
-        self._prefilling.append(running)
+            self._queue_for_prefill(running)
         if self.prefill_chunk is None:
             self._prefill(budget=None)
+
+    def _queue_for_prefill(self, running: _Running) -> None:
+        """Shortest prompt first among the prompts not yet begun: with chunked prefill, a short question
+        then gets its first token after its own prefill, not after every longer document admitted before
+        it (16 clients arriving at once on a 2-core CPU: p50 time to first token from 28 s with whole
+        prefills, and 15-17 s with chunks in arrival order; benchmarks/results/serve-goodput). What only
+        changes is when a row is prefilled, never what it holds. A prompt is overtaken at most `slots`
+        times, so a long one cannot starve behind a stream of short ones. Rows not yet begun hold
+        nothing, so reordering them moves no cache entries."""
+        queue = self._prefilling
+        position = len(queue)
+        while (position > 0 and queue[position - 1].prefilled == 0
+               and len(queue[position - 1].request.prompt_ids) > len(running.request.prompt_ids)
+               and queue[position - 1].overtaken < self.slots):
+            position -= 1
+        for overtaken in queue[position:]:
+            overtaken.overtaken += 1
+        queue.insert(position, running)
 
     def _prefill(self, budget: int | None) -> None:
         """Prefill waiting rows in arrival order, up to `budget` prompt tokens (None: all of them).

@@ -29,10 +29,12 @@ whole batch, from each row's own acceptance; this does the same:
               `max_explore_every` (as AdaptiveK does for one request): where drafting
               never pays (a draft model slower than its worth on this machine) the
               probes cost a fraction of a percent instead of one step in sixteen.
-              A probe lasts until something is drafted: a draft model first reads
-              each row's prompt, a chunk per step (draft_model.py), and a probe
-              spent on reading alone would measure nothing (at most
-              `max_probe_steps` such steps).
+              A probe is one step: where a draft model must first read a row's
+              prompt (a chunk per step, draft_model.py), the probe reads and the
+              next one drafts. Letting probes go on until they drafted measured
+              no better on the Zen 4 EPYC (draft -k auto 0.96x / 0.94x plain at
+              1 / 2 clients, against 0.96x / 0.96x with one-step probes:
+              benchmarks/results/serve-goodput), so the simpler rule stays.
 
 It only chooses how many tokens each row drafts, never how they are verified, so
 every row's output stays exactly what verification makes of it: greedy output
@@ -60,15 +62,12 @@ def _expected_tokens(alpha: float, k: int) -> float:
 
 class GoodputK:
     def __init__(self, max_k: int, *, decay: float = 0.8, prior_alpha: float = 0.6, prior_weight: float = 4.0,
-                 explore_every: int = 16, max_explore_every: int = 512, max_probe_steps: int = 8,
-                 window: int = 64) -> None:
+                 explore_every: int = 16, max_explore_every: int = 512, window: int = 64) -> None:
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {max_k!r}")
         self.max_k, self.decay, self.explore_every = max_k, decay, explore_every
         self.max_explore_every = max(explore_every, max_explore_every)
         self._explore_gap = explore_every  # idle steps before the next probe; doubles after each fruitless one
-        self.max_probe_steps = max_probe_steps
-        self._probe_steps: int | None = None  # steps of the open probe that drafted nothing (None: no probe open)
         self._engine = _RowAcceptance(prior_weight, prior_weight * prior_alpha)  # all requests: a new row's start
         self._rows: dict[Hashable, _RowAcceptance] = {}
         self._plain: dict[int, deque[float]] = {}  # rows -> recent plain step times
@@ -100,11 +99,6 @@ class GoodputK:
                 self._per_token.append(max(0.0, target_s - plain) / (tokens - rows))
         if drafted_positions:
             self._draft_per_position.append(propose_s / drafted_positions)
-            self._probe_steps = None  # the probe measured a draft
-        elif self._probe_steps is not None:
-            self._probe_steps += 1  # the proposer only read: the probe goes on
-            if self._probe_steps >= self.max_probe_steps:
-                self._probe_steps = None
 
     def forget(self, handle: Hashable) -> None:
         """The request left: drop its rates."""
@@ -124,8 +118,6 @@ class GoodputK:
             return [0] * rows
         per_token = statistics.median(self._per_token) if self._per_token else plain / 4
         per_position = statistics.median(self._draft_per_position) if self._draft_per_position else 0.0
-        if self._probe_steps is not None:  # a probe still waiting for its first drafts
-            return [min(1, cap) for cap in caps]
         alphas = [self.alpha(handle) for handle in handles]
         best_k, best_value = 0, rows / plain
         for k in range(1, self.max_k + 1):
@@ -139,7 +131,7 @@ class GoodputK:
         if best_k == 0:
             self._idle_steps += 1
             if self._idle_steps >= self._explore_gap:  # probe with one draft so the rates can recover
-                self._idle_steps, best_k, self._probe_steps = 0, 1, 0
+                self._idle_steps, best_k = 0, 1
                 self._explore_gap = min(2 * self._explore_gap, self.max_explore_every)  # if it brings nothing back
         else:
             self._idle_steps = 0
