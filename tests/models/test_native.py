@@ -324,6 +324,31 @@ def test_one_token_steps_are_bit_identical_to_a_multi_token_forward(dtype, quant
         assert torch.equal(logits_in_chunks(chunks), together), chunks
 
 
+@pytest.mark.parametrize("dtype,quantize", [(torch.float32, "none"), (torch.bfloat16, "none"),
+                                            (torch.bfloat16, "int4"), (torch.bfloat16, "w4a8")]
+                         + [(torch.bfloat16, "w8a8")] * W8A8_HERE)
+def test_a_ragged_batch_computes_only_its_real_tokens_and_equals_the_padded_one(dtype, quantize):
+    """Packing (model.py): rows of 1, 5 and 3 real tokens in a [3, 5] forward. The real tokens' logits
+    and features are bit for bit those of the padded forward (and so of each row alone); the padding's
+    are zeros; the real tokens' cache entries are the same."""
+    model = make_model(random_bias=True, seed=22, hidden=64)
+    ids = _ids(3 * 12, seed=5).reshape(3, 12)
+    valid = torch.arange(5)[None] < torch.tensor([1, 5, 3])[:, None]
+    outputs = {}
+    for ragged in (False, True):
+        native = make_native(model, dtype=dtype, quantize=quantize, batch_size=3)
+        native.forward(ids[:, :7], torch.arange(7).repeat(3, 1))
+        out = native.forward(ids[:, 7:], torch.arange(7, 12).repeat(3, 1), valid=valid if ragged else None)
+        native.truncate([7 + n for n in valid.sum(dim=1).tolist()])
+        outputs[ragged] = out, native.cache
+    (padded, padded_cache), (packed, packed_cache) = outputs[False], outputs[True]
+    assert torch.equal(packed.logits[valid], padded.logits[valid])
+    assert torch.equal(packed.hidden[valid], padded.hidden[valid])
+    assert not packed.logits[~valid].any()
+    for row, length in enumerate([8, 12, 10]):
+        assert torch.equal(packed_cache.keys[:, row, :, :length], padded_cache.keys[:, row, :, :length])
+
+
 def test_rows_move_and_trees_roll_back_after_the_cache_grew_under_inference_mode():
     """A row that outgrows the cache reallocates it inside forward (inference mode); the batched
     engine's move_row and a tree's keep_path then copy into that storage from outside it. This

@@ -59,6 +59,26 @@ class Rotary(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+class Packing:
+    """A ragged batch: rows of different lengths padded to [B, T], of which `valid` marks the real
+    tokens. The projections and norms (nearly all of a forward's work) run on the N real tokens
+    packed as [1, N, ...]; only rotary, the cache and attention see the padded [B, T] layout. A
+    projection's rows never depend on how many rows share its call (linear.batch_invariant), so a
+    token's output is the same packed or padded; the padding's cache entries are garbage that the
+    caller's rollback drops (they come after each row's real tokens, which never see them)."""
+
+    def __init__(self, valid: torch.Tensor) -> None:  # [B, T] bool
+        self.batch, self.steps = valid.shape
+        self.index = valid.reshape(-1).nonzero().squeeze(1)  # [N] flat positions of the real tokens
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, F] -> [1, N, F]
+        return x.reshape(self.batch * self.steps, -1).index_select(0, self.index)[None]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:  # [1, N, F] -> [B, T, F], zeros at the padding
+        out = x.new_zeros(self.batch * self.steps, x.shape[-1])
+        return out.index_copy_(0, self.index, x[0]).view(self.batch, self.steps, -1)
+
+
 class Attention(nn.Module):
     def __init__(self, config: DecoderConfig, qkv: nn.Module, out: nn.Module) -> None:
         super().__init__()
@@ -66,10 +86,12 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: StaticKVCache, layer: int,
-                plan: AttentionPlan) -> torch.Tensor:
-        batch, steps, _ = x.shape
+                plan: AttentionPlan, packing: Packing | None = None) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = self.qkv(x)  # [B, T, q_size + 2 kv_size]
+        qkv = self.qkv(x)  # [B, T, q_size + 2 kv_size] ([1, N, ...] packed)
+        if packing is not None:
+            qkv = packing.unpack(qkv)
+        batch, steps, _ = qkv.shape
         if fused_layer_ops(qkv) and cos.dtype == qkv.dtype:  # the same ops in one call (kernels/layer_ops.cpp)
             query, key, value = torch.ops.specdec_layer.split_rope(qkv, cos, sin, self.num_heads,
                                                                    self.num_kv_heads, self.head_dim)
@@ -82,8 +104,8 @@ class Attention(nn.Module):
             key = key * cos + rotate_half(key) * sin
         cache.write(layer, key, value)
         keys, values = cache.view(layer, plan.key_length)  # [B, Hkv, S, D], whole key blocks
-        attended = plan.attend(query, keys, values)  # [B, Hq, T, D]
-        return self.out(attended.transpose(1, 2).reshape(batch, steps, q_size))
+        attended = plan.attend(query, keys, values).transpose(1, 2).reshape(batch, steps, q_size)  # [B, T, q_size]
+        return self.out(attended if packing is None else packing.pack(attended))
 
 
 class MLP(nn.Module):
@@ -101,8 +123,8 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.attention, self.mlp_norm, self.mlp = attention_norm, attention, mlp_norm, mlp
 
-    def forward(self, x, cos, sin, cache, layer, plan):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, plan)
+    def forward(self, x, cos, sin, cache, layer, plan, packing=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, plan, packing)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -172,30 +194,41 @@ class NativeDecoder(nn.Module):
         return cls(config, dense(embedding), blocks, norm, head, dtype, device)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache, *,
-                among_new: torch.Tensor | None = None, last_n_logits: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                among_new: torch.Tensor | None = None, last_n_logits: int | None = None,
+                valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """token_ids, positions [B, T] -> (logits [B, T', V_head] fp32, hidden [B, T, H]); T' = last_n_logits or T.
 
         hidden is the final norm's output, the features the output head reads (what
         EAGLE's head predicts, Li et al. 2024, arXiv 2401.15077), for all T tokens.
         Writes the T new keys/values after each row's cached ones and advances the cache.
+        valid [B, T] bool: the real tokens of a ragged batch (Packing); the padding's logits
+        and hidden are zeros. None: every token is real.
         """
+        packing = None
+        if valid is not None and not bool(valid.all()):
+            if last_n_logits is not None:
+                raise ValueError("a ragged forward (valid) returns every position's logits: no last_n_logits")
+            packing = Packing(valid.to(token_ids.device))
         steps = token_ids.shape[1]
         cache.reserve(max(cache.seq_lens) + steps)
         groups = self.config.num_heads // self.config.num_kv_heads
         plan = AttentionPlan.build(list(cache.seq_lens), steps, groups, among_new, self.device)
         cos, sin = self.rotary(positions, self.dtype)
         x = nn.functional.embedding(token_ids, self.embedding)  # [B, T, H]
+        if packing is not None:
+            x = packing.pack(x)  # [1, N, H]
         captured = {}  # layer -> the stream entering it
         for layer, block in enumerate(self.blocks):
             if layer in self.feature_layers:
                 captured[layer] = x
-            x = block(x, cos, sin, cache, layer, plan)
+            x = block(x, cos, sin, cache, layer, plan, packing)
         cache.advance(steps)
         hidden = self.norm(x)
         scored = hidden[:, -last_n_logits:] if last_n_logits else hidden
         logits = self.head(scored).float()
-        if not self.feature_layers:
-            return logits, hidden
-        captured[len(self.blocks)] = hidden
-        return logits, torch.cat([captured[layer] for layer in self.feature_layers], dim=-1)
+        if self.feature_layers:
+            captured[len(self.blocks)] = hidden
+            hidden = torch.cat([captured[layer] for layer in self.feature_layers], dim=-1)
+        if packing is not None:
+            logits, hidden = packing.unpack(logits), packing.unpack(hidden)
+        return logits, hidden

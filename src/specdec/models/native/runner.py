@@ -82,6 +82,7 @@ class NativeRunner:
         last_n_logits: int | None = None,
         among_new: torch.Tensor | None = None,  # [B, T, T] bool, which new tokens each new token sees
         rows: slice | None = None,  # only these cache rows (contiguous, step 1); B = their count
+        valid: torch.Tensor | None = None,  # [B, T] bool: a ragged batch's real tokens (None: all)
     ) -> ForwardOutput:
         cache = self._cache_rows(rows)
         if token_ids.shape[0] != len(cache.seq_lens):
@@ -91,7 +92,7 @@ class NativeRunner:
             logits, hidden = self._one_token_per_call(token_ids, positions, among_new, rows)
         else:
             logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new,
-                                          last_n_logits=last_n_logits)
+                                          last_n_logits=last_n_logits, valid=valid)
         if self.head_rows is not None:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_rows, logits)
