@@ -28,21 +28,8 @@ def test_cheap_verification_and_good_acceptance_draft_the_most():
     for _ in range(10):
         controller.record_row("a", 4, 4)
         controller.record_row("b", 4, 3)
-    a, b = controller.choose(["a", "b"], [8, 8])
-    assert a == 8 and 6 <= b <= 8  # b's 8th draft (0.75^8 = 0.1 tokens per ms) may not beat the step's rate
+    assert controller.choose(["a", "b"], [8, 8]) == [8, 8]
     assert controller.choose(["a", "b"], [8, 2]) == [8, 2]  # a row's cap (its remaining tokens) holds
-
-
-def test_rows_draft_by_their_own_acceptance_in_one_ragged_step():
-    """The forward computes only real tokens, so a row the proposer guesses well drafts long while its
-    neighbour, whose drafts are rejected, decodes plainly in the same step."""
-    controller = GoodputK(max_k=8)
-    _costs(controller, rows=2, plain_s=0.1, per_token_s=0.01)
-    for _ in range(10):
-        controller.record_row("copying", 4, 4)
-        controller.record_row("prose", 4, 0)
-    copying, prose = controller.choose(["copying", "prose"], [8, 8])
-    assert copying >= 6 and prose == 0
 
 
 def test_dear_verification_or_poor_acceptance_decode_plainly_then_probe():

@@ -17,16 +17,12 @@ whole batch, from each row's own acceptance; this does the same:
               and per_token the median extra cost of a token in the forward; the
               proposer's time per drafted position (a draft model runs one forward
               per position for every row; copying costs about nothing);
-  choice      each row's k_b maximising sum_b E_b(k_b) / (t_target + t_draft), with
-              E_b(k) = 1 + alpha_b + ... + alpha_b^k, k_b <= the row's cap (its remaining
-              tokens, the context), 0 (plain decoding) included. The verify forward is
-              ragged (its padding is not computed: models/native/model.py, Packing), so
-              t_target = plain(R) + per_token x sum_b k_b, and t_draft = per_position x
-              max_b k_b (a draft model runs one forward per position for all rows).
-              Row b's j-th draft adds alpha_b^j tokens, less for every j, so adding
-              drafts best-first, one at a time, while the ratio still rises, finds the
-              best k of every size: a row whose text the proposer guesses well drafts
-              long while its neighbour decodes plainly in the same step.
+  choice      the step's k maximising sum_b E_b(k_b) / (t_target + t_draft), with
+              E_b(k) = 1 + alpha_b + ... + alpha_b^k and k_b = min(k, the row's cap:
+              its remaining tokens, the context), k = 0 (plain decoding) included.
+              The verify forward is rectangular ([rows, widest + 1], padded), so a row
+              drafting less than the widest saves nothing: only the widest counts in
+              t_target, and every row's expected tokens in the numerator.
   probes      after `explore_every` steps at k = 0 one step drafts one token, so the
               rates can recover when the text changes. Each probe that does not
               bring drafting back doubles the wait before the next, up to
@@ -92,7 +88,7 @@ class GoodputK:
             self._engine.accepted = self._engine.accepted * 0.98 + accepted
 
     def record_step(self, rows: int, tokens: int, target_s: float, drafted_positions: int, propose_s: float) -> None:
-        """One step: the target's forward over `rows` rows and `tokens` real tokens took target_s; the
+        """One step: the target's forward over `rows` rows and `tokens` tokens took target_s; the
         proposer drafted `drafted_positions` positions (the widest row's drafts) in propose_s. A step
         whose proposer drafted nothing (a draft model only reading a prompt) is not a drafting cost."""
         if tokens == rows:
@@ -123,30 +119,24 @@ class GoodputK:
         per_token = statistics.median(self._per_token) if self._per_token else plain / 4
         per_position = statistics.median(self._draft_per_position) if self._draft_per_position else 0.0
         alphas = [self.alpha(handle) for handle in handles]
-        ks = [0] * rows
-        tokens, seconds = float(rows), plain  # expected committed tokens, and the step's time
-        while True:
-            # The best next draft: the row whose next position is likeliest to be accepted.
-            options = [b for b in range(rows) if ks[b] < min(caps[b], self.max_k)]
-            if not options:
-                break
-            b = max(options, key=lambda row: alphas[row] ** (ks[row] + 1))
-            gain = alphas[b] ** (ks[b] + 1)
-            cost = per_token + (per_position if ks[b] == max(ks) else 0.0)  # a new widest position
-            if (tokens + gain) / (seconds + cost) <= tokens / seconds * (1 + 1e-9):
-                break
-            ks[b] += 1
-            tokens, seconds = tokens + gain, seconds + cost
-        if not any(ks):
+        best_k, best_value = 0, rows / plain
+        for k in range(1, self.max_k + 1):
+            ks = [min(k, cap) for cap in caps]
+            widest = max(ks)
+            # The verify forward is rectangular, [rows, widest + 1]: padding costs as much as drafts.
+            seconds = plain + per_token * rows * widest + per_position * widest
+            value = sum(_expected_tokens(alpha, kb) for alpha, kb in zip(alphas, ks)) / seconds
+            if value > best_value * (1 + 1e-9):
+                best_k, best_value = k, value
+        if best_k == 0:
             self._idle_steps += 1
             if self._idle_steps >= self._explore_gap:  # probe with one draft so the rates can recover
-                self._idle_steps = 0
+                self._idle_steps, best_k = 0, 1
                 self._explore_gap = min(2 * self._explore_gap, self.max_explore_every)  # if it brings nothing back
-                return [min(1, cap) for cap in caps]
         else:
             self._idle_steps = 0
             self._explore_gap = self.explore_every
-        return ks
+        return [min(best_k, cap) for cap in caps]
 
     def _plain_s(self, rows: int) -> float | None:
         """The median plain step at this many rows; None until one was measured (choose() then
