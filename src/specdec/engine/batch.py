@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.engine.engine import select_target_features, verifies_as_chain, verify_step, verify_tree_step
+from specdec.engine.engine import select_target_features, verify_proposal
 from specdec.engine.goodput import GoodputK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
@@ -338,20 +338,13 @@ class BatchEngine:
         for b, row in enumerate(rows):
             width = num_draft[b]
             probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
-            row_logits = target_logits[b:b + 1, :width + 1]
-            if trees[b] is None and verifies_as_chain(row.request.params):
-                result = verify_step(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
-                                     row_logits, row.request.params, row.generator)
-                num_accepted.append(int(result.num_accepted[0]))
-                verified.append(result.output_ids[0, :num_accepted[-1] + 1].tolist())
-                kept_inputs.append(list(range(num_accepted[-1] + 1)))
-            else:
-                row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
-                                             parents=trees[b])
-                tree = verify_tree_step(row_proposal, row_logits, row.request.params, row.generator)
-                num_accepted.append(tree.num_accepted)
-                verified.append(tree.output_ids)
-                kept_inputs.append([0] + [node + 1 for node in tree.path])
+            row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
+                                         parents=trees[b])
+            accepted, tokens, inputs_kept = verify_proposal(row_proposal, target_logits[b:b + 1, :width + 1],
+                                                            row.request.params, row.generator)
+            num_accepted.append(accepted)
+            verified.append(tokens)
+            kept_inputs.append(inputs_kept)
 
         # 5. Roll back each row to its committed tokens but the last (which opens the next step):
         #    a tree row keeps its accepted path, packed after the root; a chain row its prefix.

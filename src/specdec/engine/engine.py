@@ -79,6 +79,22 @@ def verify_tree_step(
     return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
 
 
+def verify_proposal(
+    proposal: DraftProposal,  # one row, on the target's device: a chain (parents None) or a tree
+    target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each drafted input
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, list[int], list[int]]:
+    """Steps 3-4 for one row, chain or tree: (accepted drafts, the tokens to commit, the forward's
+    inputs they came from, root first, for rollback and logprobs). SpecEngine and BatchEngine alike."""
+    if proposal.parents is None and verifies_as_chain(params):
+        result = verify_step(proposal.token_ids, proposal.num_tokens, proposal.probs, target_logits, params, generator)
+        accepted = int(result.num_accepted[0])  # host sync: commit code
+        return accepted, result.output_ids[0, : accepted + 1].tolist(), list(range(accepted + 1))
+    tree = verify_tree_step(proposal, target_logits, params, generator)
+    return tree.num_accepted, tree.output_ids, [0] + [node + 1 for node in tree.path]
+
+
 def _with_lookahead(inputs: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor,
                     lookahead: LookaheadInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Append a proposer's lookahead tokens after the drafts: they see the root and what their
@@ -394,21 +410,12 @@ class SpecEngine:
 
         # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
         #    drafts; the new final token is not cached yet (it opens the next step).
-        if proposal.parents is None and verifies_as_chain(ctx.params):
-            result = verify_step(draft_ids, proposal.num_tokens, proposal.probs, target_logits, ctx.params,
-                                 ctx.generator)
-            num_accepted = int(result.num_accepted[0])  # host sync: commit code
-            tokens = result.output_ids[0, : num_accepted + 1].tolist()
-            kept_inputs = list(range(num_accepted + 1))
+        num_accepted, tokens, kept_inputs = verify_proposal(replace(proposal, token_ids=draft_ids), target_logits,
+                                                            ctx.params, ctx.generator)
+        if proposal.parents is None:  # a chain's accepted path is its prefix: plain truncation
             self.target.truncate(torch.tensor([context_len + num_accepted]))
         else:
-            tree = verify_tree_step(proposal, target_logits, ctx.params, ctx.generator)
-            num_accepted, tokens = tree.num_accepted, tree.output_ids
-            kept_inputs = [0] + [node + 1 for node in tree.path]
-            if proposal.parents is None:  # a chain's accepted path is its prefix: plain truncation
-                self.target.truncate(torch.tensor([context_len + num_accepted]))
-            else:
-                self.target.keep_path(context_len - 1, kept_inputs[1:])
+            self.target.keep_path(context_len - 1, kept_inputs[1:])
         self._keep_hidden(output.hidden, kept_inputs)
         if self.proposer is not None and k > 0:
             self.proposer.on_verified(torch.tensor([num_accepted]))
