@@ -92,7 +92,7 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, hea
     loaded, vocabulary = head if head is not None else (None, None)
     return build_batch_proposer(config.method, slots=slots, draft_runner=draft_runner, ngram_max=config.ngram.max,
                                 ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
-                                suffix=config.suffix, draft_k=config.draft_k, head=loaded,
+                                suffix=config.suffix, lookahead=config.lookahead, draft_k=config.draft_k, head=loaded,
                                 head_vocabulary=vocabulary, tree_size=config.head.tree_size,
                                 tree_topk=config.head.tree_topk)
 

@@ -85,10 +85,10 @@ def spec_max_batch_of(text: str, device_type: str) -> int | None:
 
 def cmd_serve(args) -> int:
     from specdec.cli_options import config_from_args
-    from specdec.proposers.registry import check_batched_method
+    from specdec.proposers.registry import check_method
 
     config = config_from_args(args)
-    check_batched_method(config.method)
+    check_method(config.method)
     spec_max_batch_of(args.spec_max_batch, "cpu")  # validate before loading models
     if args.prefill_chunk < 0:
         raise ValueError(f"--prefill-chunk must be >= 0 (0 = whole prompts), got {args.prefill_chunk}")

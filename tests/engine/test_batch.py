@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_model, make_native, run_all
+from conftest import make_model, make_native, make_peaked_model, run_all
 from specdec.analysis.lossless import homogeneity_test
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
 from specdec.models.kv_cache import StaticKVCache
 from specdec.proposers import DraftModelProposer, NgramProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
+from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.registry import build_batch_proposer
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 from specdec.sampling import SamplingParams
@@ -32,7 +33,7 @@ def _single(models, tokenizer, method, k=3):
     proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer(),
                 # Trees, as the batched engine drafts them; no cache of earlier outputs, whose contents
                 # depend on the order requests finish in (the server's cache: its own test).
-                "suffix": SuffixProposer(options=NO_CACHE),
+                "suffix": SuffixProposer(options=NO_CACHE), "lookahead": LookaheadProposer(),
                 "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft))}[method]
     return SpecEngine(target, proposer, tokenizer, k=k)
 
@@ -43,7 +44,7 @@ def _batched(models, tokenizer, method, k=3, slots=SLOTS):
     return BatchEngine(target, proposer, tokenizer, k=k)
 
 
-@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "ngram+draft", "suffix"])
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "ngram+draft", "suffix", "lookahead"])
 def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
     single = _single(models, tokenizer, method)
     batched = _batched(models, tokenizer, method)
@@ -56,7 +57,7 @@ def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "ngram+draft", "suffix"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "ngram+draft", "suffix", "lookahead"])
 def test_batched_seeded_sampling_equals_each_request_alone(models, tokenizer, method):
     """Each row draws from its own generator exactly what it would draw alone, mixed params in one batch."""
     single = _single(models, tokenizer, method)
@@ -179,12 +180,45 @@ def test_bad_arguments_are_clear_errors(models, tokenizer):
     engine.add(0, engine.make_request("hi", max_new_tokens=3))
     with pytest.raises(RuntimeError, match="no free row"):
         engine.add(1, engine.make_request("hi", max_new_tokens=3))
-    with pytest.raises(ValueError, match="not available with batching"):
-        build_batch_proposer("lookahead", slots=2)
+    with pytest.raises(ValueError, match="unknown method"):
+        build_batch_proposer("no-such-method", slots=2)
     with pytest.raises(ValueError, match="needs a trained eagle head"):
         build_batch_proposer("eagle", slots=2)
     with pytest.raises(ValueError, match="needs a draft model"):
         build_batch_proposer("ngram+draft", slots=2)
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_batched_lookahead_rows_guess_for_themselves_and_equal_each_alone(tokenizer, k):
+    """Lookahead decoding in the batched engine: every row's Jacobi window rides in the step's one
+    forward next to the other rows' drafts and windows. On a peaked target the rows' own guesses are
+    accepted, greedy rows give plain greedy output and seeded rows draw what they draw alone (fixed k;
+    with -k auto the step's k depends on timings, so only greedy equality is asserted)."""
+    model = make_peaked_model(seed=3)
+    options = LookaheadOptions(window=3, ngram=3, guesses=3)
+    target = make_native(model, batch_size=SLOTS)
+    batched = BatchEngine(target, build_batch_proposer("lookahead", slots=SLOTS, lookahead=options), tokenizer, k=k)
+    greedy, seeded = SamplingParams(temperature=0), SamplingParams(temperature=0.9, seed=7)
+    params = [greedy, seeded, greedy, seeded, greedy] if k == 4 else [greedy] * 5
+    prompts = ["abc abc abc abc", "the cat the cat the", "xyz xy", "hello hello hello", "the quick brown fox"]
+    lengths = [40, 30, 25, 35, 20]
+    requests = {i: batched.make_request(prompts[i], p, max_new_tokens=n)
+                for i, (p, n) in enumerate(zip(params, lengths))}
+    accepted = 0
+    waiting, got = list(requests.items()), {i: [] for i in requests}
+    while waiting or batched.running:
+        while waiting and batched.free_slots:
+            batched.add(*waiting.pop(0))
+        for update in batched.step():
+            got[update.handle] += update.token_ids
+            accepted += update.accepted
+    single = SpecEngine(make_native(model), LookaheadProposer(options), tokenizer, k=4)
+    plain = SpecEngine(make_native(model), None, tokenizer)
+    for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths)):
+        reference = (single if not p.greedy else plain).generate(prompt, p, max_new_tokens=n)
+        assert got[i] == reference.token_ids, f"request {i}"
+    if k == 4:
+        assert accepted > 10  # the rows' own Jacobi guesses were verified and kept
 
 
 def test_cache_rows_write_only_their_rows():

@@ -62,6 +62,16 @@ def test_acceptance_and_costs_pick_a_middle_k():
     assert GoodputK(max_k=4).choose(["a", "b"], [4, 4]) == [0, 0]  # no plain step measured yet: measure one
 
 
+def test_a_lookahead_window_counts_as_verified_tokens():
+    """The same costs and acceptance, but every drafting row also carries a 16-token Jacobi window:
+    drafting then costs at least 0.42 s a step for at most ~4.3 tokens, against 10 tokens/s plain."""
+    controller = GoodputK(max_k=8, extra_tokens=16)
+    _costs(controller, rows=1, plain_s=0.1, per_token_s=0.02)
+    for _ in range(30):
+        controller.record_row("a", 5, 4)
+    assert controller.choose(["a"], [8]) == [0]
+
+
 @pytest.fixture(scope="module")
 def models():
     return make_model(seed=0, random_bias=True), make_model(seed=1, layers=1, random_bias=True)

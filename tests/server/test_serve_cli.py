@@ -73,7 +73,7 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--method", "lookahead"], "not available with batching"),
+    (["--prefill-chunk", "-1"], "--prefill-chunk must be >= 0"),
     (["--method", "eagle", "--head", "/no/such/head.safetensors"], "no trained eagle head"),
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--port", "70000"], "--port must be in 0..65535"),

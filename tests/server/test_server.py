@@ -56,6 +56,14 @@ def wait_for(condition, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+async def ask_at_once(base: str, prompts: list[str], max_tokens: int) -> list[dict]:
+    """Greedy completions of every prompt, all sent at once (so the server batches them)."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        bodies = [{"model": MODEL_NAME, "prompt": p, "max_tokens": max_tokens, "temperature": 0} for p in prompts]
+        responses = await asyncio.gather(*(http.post(f"{base}/v1/completions", json=b) for b in bodies))
+        return [response.raise_for_status().json() for response in responses]
+
+
 # ---- the API with the official client ------------------------------------------------------------
 
 
@@ -109,19 +117,25 @@ def test_a_head_server_drafts_trees_for_concurrent_clients_and_answers_plain_gre
     app = build_server(target, chat_tokenizer(), name=MODEL_NAME, config=config, slots=3, prefill_chunk=16,
                        head=(head, vocabulary))
     prompts = ["the quick brown fox", "hello", "why? because.", "a b c d e f"]
-
-    async def ask_all(base):
-        async with httpx.AsyncClient(timeout=60) as http:
-            bodies = [{"model": MODEL_NAME, "prompt": p, "max_tokens": 30, "temperature": 0} for p in prompts]
-            responses = await asyncio.gather(*(http.post(f"{base}/v1/completions", json=b) for b in bodies))
-            return [response.raise_for_status().json() for response in responses]
-
     with serve(app) as base:
-        answers = asyncio.run(ask_all(base))
+        answers = asyncio.run(ask_at_once(base, prompts, max_tokens=30))
     for prompt, answer in zip(prompts, answers):
         expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=30)
         assert answer["choices"][0]["text"] == expected.text, prompt
         assert answer["speculative"]["method"] == "eagle-tree" and answer["speculative"]["drafted_tokens"] > 0
+
+
+def test_a_lookahead_server_guesses_for_concurrent_clients_and_answers_plain_greedy(reference):
+    """--method lookahead: each row's Jacobi window rides in the step's one forward beside the other
+    rows'; the n-grams the target wrote for itself are drafted, and answers are plain greedy's."""
+    prompts = ["the quick brown fox", "hello", "why? because.", "a b c d e f"]
+    with serve(tiny_app(method="lookahead", k=4, slots=3)) as base:
+        answers = asyncio.run(ask_at_once(base, prompts, max_tokens=60))
+    for prompt, answer in zip(prompts, answers):
+        expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=60)
+        assert answer["choices"][0]["text"] == expected.text, prompt
+        assert answer["speculative"]["method"] == "lookahead"
+        assert answer["speculative"]["accepted_tokens"] > 5  # every row's own guesses were kept
 
 
 def test_token_id_prompts_and_default_max_tokens(client, reference):

@@ -7,7 +7,8 @@ is SpecEngine's step over all rows together:
   1. the proposer drafts up to k tokens per row, each row capped by what it may
      still emit (max_new_tokens, context), padded with -1 (ragged);
   2. one target forward over [last_token, *drafts] of every row, each row at its
-     own positions;
+     own positions (and a lookahead row's Jacobi window after its drafts, which
+     no verified input sees; its logits go back to that row's proposer);
   3-4. each row is verified with its own params and generator (verify_step, the
      single-sequence code), so it accepts its own number of drafts;
   5. each row's target and draft caches roll back to its own length;
@@ -40,7 +41,7 @@ from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
-from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext
 from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
 from specdec.sampling.tree import tree_attention_mask, tree_depths
@@ -106,7 +107,8 @@ class BatchEngine:
                                            or spec_max_batch < 1):
             raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
         # k "auto": each step's k from measured costs and each row's acceptance (engine/goodput.py)
-        self.goodput = GoodputK(max_k) if k == "auto" else None
+        self.goodput = (GoodputK(max_k, extra_tokens=int(getattr(proposer, "extra_verify_tokens", 0)))
+                        if k == "auto" else None)
         self.target, self.proposer, self.tokenizer = target, proposer, tokenizer
         self.k = max_k if k == "auto" else k  # the most any row drafts in a step
         # Past this many running requests, steps draft nothing (vLLM's speculative_disable_by_batch_size):
@@ -316,7 +318,8 @@ class BatchEngine:
         forward_started = time.perf_counter()
         last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
         inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
-        offsets, among_new = self._tree_layout(trees, k)
+        lookaheads = proposal.row_lookahead or (None,) * batch  # row b's lookahead tokens, or None
+        inputs, offsets, among_new = self._step_layout(inputs, trees, lookaheads)
         positions = torch.tensor(lengths, device=device)[:, None] - 1 + offsets.to(device)
         # The forward is rectangular, [B, k+1]. A ragged one that computes only each row's real tokens
         # (the decoder's `valid`, models/native/model.py: Packing; bit-identical) with a k per row by its
@@ -324,11 +327,14 @@ class BatchEngine:
         # for this (benchmarks/results/serve-goodput/ragged): kept out of the step until that is understood.
         self._select_features()
         output = self.target.forward(inputs, positions, rows=slice(0, batch), among_new=among_new)
-        target_logits = output.logits  # [B, k+1, V]
+        target_logits = output.logits  # [B, k+1 (+ lookahead tokens), V]
         if self.goodput is not None:
             target_logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
-            self.goodput.record_step(batch, batch * (k + 1), time.perf_counter() - forward_started, k,
+            self.goodput.record_step(batch, inputs.numel(), time.perf_counter() - forward_started, k,
                                      forward_started - propose_started)
+        for b, lookahead in enumerate(lookaheads):  # lookahead decoding: each row's Jacobi update
+            if lookahead is not None:
+                self.proposer.read_lookahead(b, target_logits[b, k + 1:k + 1 + lookahead.token_ids.shape[1]])
 
         # 3-4. Verify each row alone: its own width, params and generator.
         num_draft = proposal.num_tokens.tolist()  # host sync: commit code
@@ -391,20 +397,39 @@ class BatchEngine:
         return updates
 
     @staticmethod
-    def _tree_layout(trees: Sequence[tuple[int, ...] | None], k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each input's offset from the root's position [B, k+1], and which inputs each input sees
-        [B, k+1, k+1] (None: every row a chain, causal). A tree row's padding after its nodes sits
-        at chain offsets and sees causally: no node sees it, and rollback drops it."""
-        offsets = torch.arange(k + 1).repeat(len(trees), 1)
-        if not any(trees):  # chains, or trees without a node this step: the cheaper causal forward
-            return offsets, None
-        among_new = torch.ones(k + 1, k + 1, dtype=torch.bool).tril().repeat(len(trees), 1, 1)
-        for b, parents in enumerate(trees):
+    def _step_layout(inputs: torch.Tensor, trees: Sequence[tuple[int, ...] | None],
+                     lookaheads: Sequence[LookaheadInputs | None]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The step's inputs [B, W] (each row's lookahead tokens appended after the k+1 verified
+        inputs), each input's offset from the root's position [B, W], and which inputs each input
+        sees [B, W, W] (None: every row a chain without lookahead, causal).
+        A tree row's nodes sit at the root's position + depth and see their ancestors. A row's
+        lookahead tokens sit at their own offsets and see the root and what their mask allows;
+        no verified input sees them (SpecEngine's layout for one row, engine.py). Padding (a row
+        drafting less than the widest, lookahead tokens fewer than the most) sits at chain offsets
+        and sees causally: no real input sees it, and rollback drops it."""
+        batch, verified = inputs.shape
+        extra = max((lookahead.token_ids.shape[1] for lookahead in lookaheads if lookahead is not None), default=0)
+        width = verified + extra
+        offsets = torch.arange(width).repeat(batch, 1)
+        if not any(trees) and not extra:  # chains, or trees without a node this step: the cheaper causal forward
+            return inputs, offsets, None
+        among_new = torch.ones(width, width, dtype=torch.bool).tril().repeat(batch, 1, 1)
+        if extra:
+            inputs = torch.cat([inputs, inputs.new_zeros(batch, extra)], dim=1)
+        for b, (parents, lookahead) in enumerate(zip(trees, lookaheads)):
             if parents:
                 n = len(parents) + 1
                 offsets[b, 1:n] = torch.tensor(tree_depths(parents))
                 among_new[b, :n, :n] = tree_attention_mask(parents)
-        return offsets, among_new
+            if lookahead is not None:
+                window = slice(verified, verified + lookahead.token_ids.shape[1])
+                inputs[b, window] = lookahead.token_ids[0].to(inputs.device)
+                offsets[b, window] = lookahead.offsets.cpu()
+                among_new[b, window] = False
+                among_new[b, window, 0] = True  # the root
+                among_new[b, window, window] = lookahead.mask.cpu()
+        return inputs, offsets, among_new
 
     def _free(self, row: int) -> None:
         """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow."""

@@ -22,7 +22,8 @@ whole batch, from each row's own acceptance; this does the same:
               its remaining tokens, the context), k = 0 (plain decoding) included.
               The verify forward is rectangular ([rows, widest + 1], padded), so a row
               drafting less than the widest saves nothing: only the widest counts in
-              t_target, and every row's expected tokens in the numerator.
+              t_target, and every row's expected tokens in the numerator. Lookahead
+              decoding's window tokens (extra_tokens per row) count in t_target too.
   probes      after `explore_every` steps at k = 0 one step drafts one token, so the
               rates can recover when the text changes. Each probe that does not
               bring drafting back doubles the wait before the next, up to
@@ -62,10 +63,13 @@ def _expected_tokens(alpha: float, k: int) -> float:
 
 class GoodputK:
     def __init__(self, max_k: int, *, decay: float = 0.8, prior_alpha: float = 0.6, prior_weight: float = 4.0,
-                 explore_every: int = 16, max_explore_every: int = 512, window: int = 64) -> None:
+                 explore_every: int = 16, max_explore_every: int = 512, window: int = 64, extra_tokens: int = 0) -> None:
         if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {max_k!r}")
         self.max_k, self.decay, self.explore_every = max_k, decay, explore_every
+        # Tokens each drafting row adds to the verify forward besides its drafts (lookahead decoding's
+        # Jacobi window): they cost like drafts and commit nothing by themselves.
+        self.extra_tokens = extra_tokens
         self.max_explore_every = max(explore_every, max_explore_every)
         self._explore_gap = explore_every  # idle steps before the next probe; doubles after each fruitless one
         self._engine = _RowAcceptance(prior_weight, prior_weight * prior_alpha)  # all requests: a new row's start
@@ -124,7 +128,7 @@ class GoodputK:
             ks = [min(k, cap) for cap in caps]
             widest = max(ks)
             # The verify forward is rectangular, [rows, widest + 1]: padding costs as much as drafts.
-            seconds = plain + per_token * rows * widest + per_position * widest
+            seconds = plain + per_token * rows * (widest + self.extra_tokens) + per_position * widest
             value = sum(_expected_tokens(alpha, kb) for alpha, kb in zip(alphas, ks)) / seconds
             if value > best_value * (1 + 1e-9):
                 best_k, best_value = k, value

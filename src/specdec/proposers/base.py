@@ -36,6 +36,8 @@ class DraftProposal:
     # A batch of B rows where some draft trees (the batched engine, proposers/batched.py): row b's
     # parents, or None for a chain. None = every row a chain.
     row_parents: tuple[tuple[int, ...] | None, ...] | None = None
+    # The same batch where some rows carry lookahead tokens: row b's, or None. None = no row does.
+    row_lookahead: tuple[LookaheadInputs | None, ...] | None = None
 
     @staticmethod
     def of_row(tokens: list[int], parents: Sequence[int] | None, device: torch.device | str,

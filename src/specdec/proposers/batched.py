@@ -42,6 +42,7 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
     Rows without a distribution are point masses; when some other row has one,
     they get the one-hot q that None stands for (the same acceptance and residual).
     A row's tree (its parents) goes to row_parents; the engine verifies each row's own shape.
+    A row's lookahead tokens go to row_lookahead; the engine appends them to that row's inputs.
     """
     width = max((p.token_ids.shape[1] for p in proposals), default=0)
     batch = len(proposals)
@@ -57,8 +58,10 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
             probs[row, :k] = (proposal.probs[0].to(device) if proposal.probs is not None else
                               torch.nn.functional.one_hot(proposal.token_ids[0].clamp_min(0), vocab_size).float())
     trees = tuple(p.parents for p in proposals)
+    lookaheads = tuple(p.lookahead for p in proposals)
     return DraftProposal(token_ids, num_tokens, probs,
-                         row_parents=trees if any(parents is not None for parents in trees) else None)
+                         row_parents=trees if any(parents is not None for parents in trees) else None,
+                         row_lookahead=lookaheads if any(extra is not None for extra in lookaheads) else None)
 
 
 class RowwiseProposer:
@@ -74,6 +77,8 @@ class RowwiseProposer:
         first = self.rows[0]
         self.reads_target_hidden = bool(getattr(first, "reads_target_hidden", False))
         self.target_layers = tuple(getattr(first, "target_layers", ()))
+        # Lookahead decoding: tokens a drafting row adds to the verify forward besides its drafts.
+        self.extra_verify_tokens = int(getattr(first, "extra_verify_tokens", 0))
 
     def start_row(self, row: int) -> None:
         self.rows[row].reset()
@@ -90,6 +95,10 @@ class RowwiseProposer:
         for row, accepted in enumerate(num_accepted.reshape(-1, 1)):
             if self._proposed[row]:
                 self.rows[row].on_verified(accepted)
+
+    def read_lookahead(self, row: int, logits: torch.Tensor) -> None:
+        """The target's logits [m, V] at the lookahead tokens row's last proposal carried."""
+        self.rows[row].read_lookahead(logits)
 
     def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """The request in row finished (suffix decoding's shared cache learns its output)."""
@@ -266,6 +275,10 @@ class BatchedNgramThenDraftProposer:
             accepted = num_accepted.reshape(-1).clone()
             accepted[torch.tensor(self._copied[:len(accepted)], dtype=torch.bool)] = 0
             self.draft.on_verified(accepted)
+
+    def read_lookahead(self, row: int, logits: torch.Tensor) -> None:
+        """The target's logits [m, V] at the lookahead tokens row's last proposal carried."""
+        self.rows[row].read_lookahead(logits)
 
     def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         self.ngram.end_row(row, prompt_ids, output_ids)

@@ -100,6 +100,11 @@ class LookaheadProposer:
         self.options = options or LookaheadOptions()
         self.reset()
 
+    @property
+    def extra_verify_tokens(self) -> int:
+        """The most lookahead tokens a proposal adds to the verify forward (a full window)."""
+        return self.options.window * (self.options.ngram - 1)
+
     def reset(self) -> None:
         self.pool: dict[int, list[tuple[int, ...]]] = {}
         self.levels: list[list[int]] = []  # levels[l][i]; [] until the first proposal

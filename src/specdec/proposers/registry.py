@@ -153,17 +153,6 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
 
 
-BATCHED_METHODS = ("autoregressive", "draft", "ngram", "ngram+draft", "suffix", "eagle", "eagle-tree", "eagle3",
-                   "eagle3-tree", "medusa")  # the batched engine (server) runs; lookahead is single-sequence
-
-
-def check_batched_method(method: str) -> None:
-    check_method(method)
-    if method not in BATCHED_METHODS:
-        raise ValueError(f"method {method!r} is not available with batching (specdec serve) yet; "
-                         f"choose one of: {', '.join(BATCHED_METHODS)}")
-
-
 def build_batch_proposer(
     method: str,
     *,
@@ -174,6 +163,7 @@ def build_batch_proposer(
     ngram_tie_break: str = "recent",
     suffix: SuffixOptions | None = None,
     suffix_cache: SuffixCache | None = None,
+    lookahead: LookaheadOptions | None = None,
     draft_k: int | None = None,
     head=None,  # models.heads.LoadedHead, for eagle / eagle3 / their trees / medusa
     head_vocabulary=None,
@@ -182,8 +172,9 @@ def build_batch_proposer(
 ) -> BatchProposer | None:
     """The proposer of engine/batch.py's BatchEngine; None means plain decoding.
     suffix: every row drafts trees, as alone, from one shared cache; a head method: one proposer
-    per row (its own small cache) over one head's weights, chains or trees as alone."""
-    check_batched_method(method)
+    per row (its own small cache) over one head's weights, chains or trees as alone; lookahead:
+    one Jacobi window and n-gram pool per row, its tokens riding in the step's forward as alone."""
+    check_method(method)
     check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
     if method == "autoregressive":
         return None
@@ -196,6 +187,8 @@ def build_batch_proposer(
         return RowwiseProposer(lambda: _head_proposer(method, head, head_vocabulary, size, tree_topk), slots)
     if method == "ngram":
         return RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
+    if method == "lookahead":
+        return RowwiseProposer(lambda: LookaheadProposer(lookahead), slots)
     if method == "suffix":
         options = suffix or SuffixOptions()
         cache = suffix_cache if suffix_cache is not None else options.new_cache()

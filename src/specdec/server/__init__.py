@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from specdec.config import SpecConfig
 from specdec.engine.batch import BatchEngine
 from specdec.models.loader import eos_ids_of
-from specdec.proposers.registry import check_batched_method
+from specdec.proposers.registry import check_method
 from specdec.server.app import ServedModel, create_app
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
@@ -41,7 +41,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     from specdec.factory import batch_proposer_for
 
     method, k = config.method, config.k
-    check_batched_method(method)
+    check_method(method)
     if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) or not 0 < lenience <= 1:
         raise ValueError(f"lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {lenience!r}")
     for label, value in (("slots", slots), ("k", 1 if k == "auto" else k), ("default_max_tokens", default_max_tokens)):
