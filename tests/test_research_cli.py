@@ -213,14 +213,22 @@ def trained_heads(model_dirs, tmp_path_factory):
 
 def test_bench_runs_the_head_methods_and_checks_their_greedy_output(capsys, model_dirs, trained_heads, tmp_path):
     out = tmp_path / "heads"
-    for kind, methods in (("eagle", "eagle,eagle-tree"), ("medusa", "medusa")):
+    for kind, methods, sizes in (("eagle", "eagle,eagle-tree", "5,auto"), ("medusa", "medusa", "5")):
         code, text, err = run(capsys, "bench", "--target", model_dirs["target"], "--prompts", model_dirs["prompts"],
-                              "--methods", methods, "--head", trained_heads[kind], "--tree-size", "5", "--k", "3",
+                              "--methods", methods, "--head", trained_heads[kind], "--tree-size", sizes, "--k", "3",
                               "--max-new-tokens", "12", "--out", str(out / kind), "--quiet")
         assert code == 0, err
         report = json.loads((out / kind / "report.json").read_text())
         assert report["greedy_equality"] and all(cell["identical"] == cell["total"] == 2
                                                  for cell in report["greedy_equality"].values())
+    # Two tree sizes: the tree method runs at each, interleaved, each its own row; the chain method once.
+    assert set(report_of(out / "eagle")["greedy_equality"]) == {"eagle k=3", "eagle-tree k=3 tree=5",
+                                                                "eagle-tree k=3 tree=auto"}
+    assert set(report_of(out / "medusa")["greedy_equality"]) == {"medusa k=3"}
+
+
+def report_of(out) -> dict:
+    return json.loads((out / "report.json").read_text())
 
 
 def test_verify_passes_an_eagle_tree(capsys, model_dirs, trained_heads):

@@ -59,6 +59,14 @@ k_value = int_or_auto(1)  # -k
 tree_size_value = int_or_auto(0)  # --tree-size
 
 
+def tree_size_list(text: str) -> list[int | str]:
+    """bench's --tree-size: '10,auto' -> [10, 'auto'] (each a tree size, in the order given)."""
+    values = [value.strip() for value in text.split(",") if value.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 0 or auto, got {text!r}")
+    return list(dict.fromkeys(tree_size_value(value) for value in values))
+
+
 def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str], float]:
     """An argparse type: a float that `contains` accepts, else an error naming the interval."""
     def parse(text: str) -> float:
@@ -146,18 +154,21 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
     add_head_args(parser)
 
 
-def add_head_args(parser: argparse.ArgumentParser) -> None:
+def add_head_args(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """sweep (bench): --tree-size takes a comma-separated list, each size its own row of the run."""
     heads = parser.add_argument_group("draft heads (--method eagle, eagle-tree, eagle3, eagle3-tree, medusa)")
     heads.add_argument("--head", default=None, metavar="PATH",
                        help="a head checkpoint from `specdec train-head`, or for eagle3 a speculators / EAGLE-3 "
                             "directory (config.json + safetensors, as vLLM loads) (default: the one trained for "
                             "--target in the models' cache)")
-    heads.add_argument("--tree-size", type=tree_size_value, default=None, metavar="N|auto",
+    heads.add_argument("--tree-size", type=tree_size_list if sweep else tree_size_value, default=None,
+                       metavar="N,auto" if sweep else "N|auto",
                        help="drafted tree nodes per step (default: 10; medusa 0 = a chain). Each node is one more "
                             "token the target verifies: on a CPU small trees pay, on a GPU EAGLE-2 uses ~60. "
                             "auto (eagle-tree, eagle3-tree; not serve): each step as many of the head's most "
                             "confident nodes as pay, from their path probabilities and the measured cost of "
-                            "verifying n tokens on this machine")
+                            "verifying n tokens on this machine" +
+                            ("; comma-separated: every tree method at every size, interleaved" if sweep else ""))
     heads.add_argument("--tree-topk", type=positive_int, default=4,
                        help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
 
@@ -206,7 +217,7 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
 
     resolve: settle --method auto for the device (the draft model where a --draft is named,
     else the device's fastest lossless method), so every command sees and prints a real method.
-    grid: the command names lists of methods and k (bench, analyze): leave method and k to it."""
+    grid: the command names lists of methods, k and tree sizes (bench, analyze): leave them to it."""
     def option(name: str, default=None):
         return getattr(args, name, default)
 
@@ -226,6 +237,7 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
         lookahead=LookaheadOptions(option("lookahead_window", LookaheadOptions.window),
                                    option("lookahead_ngram", LookaheadOptions.ngram),
                                    option("lookahead_guesses", LookaheadOptions.guesses)),
-        head=HeadOptions(option("head"), option("tree_size"), option("tree_topk", 4)),
+        # bench's --tree-size is a list (grid): each grid cell sets its own
+        head=HeadOptions(option("head"), None if grid else option("tree_size"), option("tree_topk", 4)),
     )
     return config.resolved() if resolve else config

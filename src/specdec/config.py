@@ -129,9 +129,10 @@ class SpecConfig:
             draft = DEFAULT_DRAFT
         return dataclasses.replace(self, method=method, draft=draft)
 
-    def with_method(self, method: str, k: int | str | None = None) -> SpecConfig:
-        """The same models and options with another method (and k): bench's grid, verify's baseline."""
-        return dataclasses.replace(self, method=method, k=self.k if k is None else k)
+    def with_method(self, method: str, k: int | str | None = None, tree_size: int | str | None = None) -> SpecConfig:
+        """The same models and options with another method (and k, tree size): bench's grid, verify's baseline."""
+        head = self.head if tree_size is None else dataclasses.replace(self.head, tree_size=tree_size)
+        return dataclasses.replace(self, method=method, k=self.k if k is None else k, head=head)
 
     @property
     def needs_draft_model(self) -> bool:

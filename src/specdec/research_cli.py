@@ -17,6 +17,7 @@ examples:
   specdec bench                                   # draft, ngram, ngram+draft at k=4, greedy, 1 prompt/category
   specdec bench --methods draft,ngram --k 1,2,3,4,6,8 --temperature 0,0.7 --repeats 3 --per-category 2
   specdec bench --methods draft --k 2,3,4,auto --temperature 0,0.7        # adaptive k against fixed k
+  specdec bench --methods eagle3-tree --k 4 --tree-size 4,10,auto         # tree sizes side by side
   specdec bench --prompts agentic --stream --methods ngram,suffix --k auto,8   # agent traffic, as a server sees it
   specdec bench --methods draft --k 4 --lenience 1,0.5,0.2 --temperature 0.7 --prompts humaneval \
                 --per-category 10 --max-new-tokens 256                    # lossy speed vs quality drift
@@ -156,7 +157,7 @@ def add_research_commands(sub) -> None:
     bench.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ngram_args(bench)
-    add_head_args(bench)
+    add_head_args(bench, sweep=True)
 
     analyze = sub.add_parser("analyze", help="measure alpha and c on your models; predicted vs measured speedup",
                              epilog=EPILOG_ANALYZE, formatter_class=raw)
@@ -227,12 +228,14 @@ def cmd_bench(args) -> int:
         for method in methods:
             check_before_loading(config.with_method(method))
         leniences = _lenience_list(args.lenience)
-        grid = method_grid(methods, _k_list(args.k), leniences)
+        tree_sizes = args.tree_size or [None]  # None: each method's default
+        grid = method_grid(methods, _k_list(args.k), leniences, tree_sizes)
         temperatures = _float_list(args.temperature)
         if not 0 < args.top_p <= 1:
             raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
         prompts = load_prompts([s.strip() for s in args.prompts.split(",") if s.strip()], args.per_category)
-        cells = {spec: config.with_method(spec.method, spec.k or 1) for spec in grid}
+        cells = {spec: config.with_method(spec.method, spec.k or 1, tree_sizes[0] if spec.tree_size is None
+                                          else spec.tree_size) for spec in grid}
         need_draft = any(cell.needs_draft_model for cell in cells.values())
         target, draft = load_models(config, need_draft=need_draft)
         heads: dict = {}  # each head loads once for every k
@@ -241,7 +244,8 @@ def cmd_bench(args) -> int:
         run_info = dict(target=config.target, draft=draft.name if draft else None, backend=target.backend,
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),
-                        prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, **options,
+                        prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, tree_sizes=tree_sizes,
+                        **options,
                         suffix=dataclasses.asdict(config.suffix), lookahead=dataclasses.asdict(config.lookahead))
         quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,

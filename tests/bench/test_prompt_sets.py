@@ -82,3 +82,11 @@ def test_method_grid_runs_plain_once_and_every_method_at_every_k():
     assert grid[1].label == "draft k=2"
     with pytest.raises(ValueError):
         method_grid(["draft"], [0])
+
+
+def test_method_grid_sweeps_tree_sizes_of_tree_methods_only():
+    grid = method_grid(["ngram", "eagle3-tree"], [4], tree_sizes=[10, "auto"])
+    assert grid == [MethodSpec("autoregressive", 0), MethodSpec("ngram", 4), MethodSpec("eagle3-tree", 4, 1.0, 10),
+                    MethodSpec("eagle3-tree", 4, 1.0, "auto")]
+    assert [spec.label for spec in grid[2:]] == ["eagle3-tree k=4 tree=10", "eagle3-tree k=4 tree=auto"]
+    assert method_grid(["eagle3-tree"], [4], tree_sizes=[10])[1] == MethodSpec("eagle3-tree", 4)  # the run's option

@@ -34,24 +34,34 @@ class MethodSpec:
     method: str
     k: int | str  # 0 for plain decoding; "auto" for adaptive k
     lenience: float = 1.0  # < 1: the lossy lenient acceptance rule
+    tree_size: int | str | None = None  # a tree method's nodes per step, "auto"; None: the method's default
 
     @property
     def label(self) -> str:
         label = self.method if self.k == 0 else f"{self.method} k={self.k}"
+        if self.tree_size is not None:
+            label += f" tree={self.tree_size}"
         return label if self.lenience == 1.0 else f"{label} l={self.lenience:g}"
 
 
-def method_grid(methods: list[str], ks: list[int | str], leniences: list[float] = (1.0,)) -> list[MethodSpec]:
-    """autoregressive once (always, first: it is the baseline), every other method at every k and lenience."""
+TREE_METHODS = ("eagle-tree", "eagle3-tree", "medusa")  # the methods --tree-size sizes
+
+
+def method_grid(methods: list[str], ks: list[int | str], leniences: list[float] = (1.0,),
+                tree_sizes: list[int | str | None] = (None,)) -> list[MethodSpec]:
+    """autoregressive once (always, first: it is the baseline), every other method at every k and lenience,
+    and a tree method at every tree size (several sizes: each its own row in the report)."""
     if not ks or any(k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1) for k in ks):
         raise ValueError(f"k values must be integers >= 1 or auto, got {ks}")
     if not leniences or any(not 0 < lenience <= 1 for lenience in leniences):
         raise ValueError(f"lenience values must lie in (0, 1], got {list(leniences)}")
+    sized = len(tree_sizes) > 1  # one size stays the run's option, out of the labels
     grid = [MethodSpec(AUTOREGRESSIVE, 0)]
     for method in dict.fromkeys(methods):
         if method != AUTOREGRESSIVE:
-            grid.extend(MethodSpec(method, k, lenience) for lenience in dict.fromkeys(leniences)
-                        for k in dict.fromkeys(ks))
+            sizes = dict.fromkeys(tree_sizes) if sized and method in TREE_METHODS else [None]
+            grid.extend(MethodSpec(method, k, lenience, size) for lenience in dict.fromkeys(leniences)
+                        for k in dict.fromkeys(ks) for size in sizes)
     return grid
 
 
@@ -94,12 +104,12 @@ def check_plan(prompts, temperatures, repeats: int, max_new_tokens: int) -> None
 
 def row_key(row: dict) -> tuple:
     return (row["question_id"], row["method"], row["k"], float(row.get("lenience", 1.0)), float(row["temperature"]),
-            row["repeat"])
+            row["repeat"], row.get("tree_size"))
 
 
 def job_key(prompt: BenchPrompt, repeat: int, temperature: float, spec: MethodSpec) -> tuple:
     """The row_key of the row this job will write."""
-    return prompt.question_id, spec.method, spec.k, float(spec.lenience), float(temperature), repeat
+    return prompt.question_id, spec.method, spec.k, float(spec.lenience), float(temperature), repeat, spec.tree_size
 
 
 def read_results(path: str | Path) -> tuple[dict, list[dict]]:
@@ -217,6 +227,8 @@ def run_bench(plan: BenchPlan, engines: dict[MethodSpec, SpecEngine], out_path: 
             row = dict(kind="generation", question_id=prompt.question_id, category=prompt.category,
                        method=spec.method, k=spec.k, lenience=spec.lenience, label=spec.label,
                        temperature=float(temperature), repeat=repeat)
+            if spec.tree_size is not None:
+                row["tree_size"] = spec.tree_size
             try:
                 turns = run_prompt(engines[spec], prompt, params, plan.max_new_tokens,
                                    lambda turn: _seed(plan.seed, prompt.question_id, repeat, turn), plan.quality)

@@ -62,7 +62,8 @@ def _k_series(block: dict, method: str) -> list[tuple[int, dict]]:
     overall = block["categories"][OVERALL]
     series = [(0, overall[label]) for label in block["labels"] if block["methods"][label]["k"] == 0]
     series += sorted(((meta["k"], overall[label]) for label, meta in block["methods"].items()
-                      if meta["method"] == method and label in overall and is_fixed_k(meta)), key=lambda x: x[0])
+                      if meta["method"] == method and meta.get("tree_size") is None and label in overall
+                      and is_fixed_k(meta)), key=lambda x: x[0])
     return series
 
 

@@ -114,11 +114,16 @@ def _greedy_equality(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def same_variant(a: dict, b: dict) -> bool:
+    """Two report methods that differ at most in k (same method, same tree size)."""
+    return a["method"] == b["method"] and a.get("tree_size") == b.get("tree_size")
+
+
 def _label_order(row: dict) -> tuple:
     """Plain first; then by method, exact before lossy, fixed k ascending, auto last."""
-    k = row["k"]
+    k, size = row["k"], row.get("tree_size")
     return (row["method"] != AUTOREGRESSIVE, row["method"], -row.get("lenience", 1.0), isinstance(k, str),
-            k if isinstance(k, int) else 0)
+            k if isinstance(k, int) else 0, isinstance(size, str), size if isinstance(size, int) else -1)
 
 
 def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
@@ -145,7 +150,8 @@ def build_report(rows: list[dict], run_info: dict | None = None) -> dict:
                 chosen = [r for r in in_category if r["label"] == label]
                 if chosen:
                     cells[category][label] = _method_stats(chosen, plain_rate, plain_decode_rate)
-        methods = {r["label"]: {"method": r["method"], "k": r["k"], "lenience": r.get("lenience", 1.0)} for r in at_t}
+        methods = {r["label"]: {"method": r["method"], "k": r["k"], "lenience": r.get("lenience", 1.0),
+                                "tree_size": r.get("tree_size")} for r in at_t}
         report["temperatures"][f"{temperature:g}"] = {"labels": labels, "methods": methods, "categories": cells}
     report["greedy_equality"] = _greedy_equality(good)
     return report
@@ -214,7 +220,7 @@ def _adaptive_tables(block: dict) -> dict[str, list[list[str]]]:
         if meta["k"] != "auto" or meta.get("lenience", 1.0) != 1.0:
             continue
         fixed = {m["k"]: label for label, m in block["methods"].items()
-                 if m["method"] == meta["method"] and is_fixed_k(m)}
+                 if same_variant(m, meta) and is_fixed_k(m)}
         if not fixed:
             continue
         rows = []
@@ -227,7 +233,8 @@ def _adaptive_tables(block: dict) -> dict[str, list[list[str]]]:
             k4 = cells[fixed[4]]["speedup"] if 4 in fixed and fixed[4] in cells else None
             rows.append([category, str(best_k), f"{best:.2f}x", f"{k4:.2f}x" if k4 else "-", f"{auto:.2f}x",
                          f"{auto / best:.2f}", f"{auto / k4:.2f}" if k4 else "-"])
-        tables[meta["method"]] = rows
+        size = meta.get("tree_size")
+        tables[meta["method"] if size is None else f"{meta['method']} tree={size}"] = rows
     return tables
 
 
