@@ -272,6 +272,30 @@ def test_an_eagle_tree_is_a_proper_tree_within_its_budget(target, vocab, eagle):
     assert proposer.cache.length == proposer.committed  # drafts left nothing behind
 
 
+@pytest.mark.parametrize("per_token_s,forwards", [(0.1, 1), (0.0001, 4)], ids=["dear", "cheap"])
+def test_an_auto_sized_tree_grows_only_while_deeper_nodes_can_pay(target, vocab, eagle, per_token_s, forwards):
+    """Where a verified token costs a whole step no draft pays: after the head reads the committed
+    tokens (one forward) it drafts one layer and stops, instead of paying for the tree's depth. Where
+    tokens are nearly free it grows to depth k (3 more forwards)."""
+    from specdec.proposers.base import ProposeContext
+
+    proposer = EagleProposer(eagle[1].module, vocab, tree_size="auto", tree_topk=3)
+    for _ in range(3):
+        for nodes in (1, 8):
+            proposer.tree_budget.record(verified_tokens=nodes + 1, verify_s=0.1 + per_token_s * nodes, accepted=0)
+    tokens = torch.tensor([PROMPTS[0] + [1, 2, 3]])
+    output = target.forward(tokens[:, :-1], torch.arange(tokens.shape[1] - 1)[None])
+    target.reset()
+    calls = []
+    hook = proposer.head.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        proposer.propose(ProposeContext(tokens, SamplingParams(), None, target.vocab_size,
+                                        target_hidden=output.hidden), 4)
+    finally:
+        hook.remove()
+    assert len(calls) == forwards
+
+
 def test_medusa_tree_keeps_the_most_likely_paths():
     assert medusa_tree([[.6, .2], [.4, .1]], 3, 2) == [(0,), (0, 0), (1,)]
     assert medusa_tree([[.6, .2], [.4, .1]], 10, 1) == [(0,), (1,)]  # depth-limited

@@ -59,3 +59,13 @@ def test_calibration_believes_an_over_confident_head_less():
 def test_bad_budgets_are_clear_errors():
     with pytest.raises(ValueError, match="max_nodes"):
         TreeBudget(max_nodes=0)
+
+
+def test_growing_stops_where_no_deeper_node_could_join_the_choice():
+    """Costs as above: with 0.9 and 0.6 chosen, a node at 0.5 would pay (3.0 / 0.16 beats 2.5 / 0.14),
+    one at 0.2 would not (2.7 / 0.16); before costs are measured, always grow."""
+    assert TreeBudget(max_nodes=64).worth_growing([0.9, 0.6, 0.3], 0.01)
+    budget = TreeBudget(max_nodes=64)
+    _measured(budget, lambda n: 0.1 + 0.02 * (n - 1))
+    assert budget.worth_growing([0.9, 0.6, 0.3], 0.5)
+    assert not budget.worth_growing([0.9, 0.6, 0.3], 0.2)

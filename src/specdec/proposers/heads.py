@@ -145,6 +145,11 @@ class EagleProposer:
         features = {-1: self.root_feature[0, -1]}  # node -> the feature its children come from
         for depth in range(2, max_k + 1):
             expand = sorted(layer, key=lambda node: -scores[node])[:topk]
+            if self.tree_budget is not None and expand:  # --tree-size auto: stop where no deeper node can pay
+                ranked = sorted(scores, reverse=True)
+                if not self.tree_budget.worth_growing([math.exp(score) for score in ranked],
+                                                      math.exp(scores[expand[0]])):
+                    break
             # One head forward over the expanded nodes: pair (feature that drafted node, node's token).
             start = self.cache.length
             inputs = torch.stack([features[parents[node]] for node in expand])[None]  # [1, T, H]

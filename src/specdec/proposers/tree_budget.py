@@ -63,20 +63,42 @@ class TreeBudget:
         """How many of the candidates to verify. path_probs: each candidate's path probability, in
         the order the proposer adds them (best first; every prefix holds its nodes' ancestors)."""
         limit = min(len(path_probs), self.max_nodes)
-        cumulative = [0.0]
-        for p in path_probs[:limit]:
-            cumulative.append(cumulative[-1] + p)
-        sizes = sorted({int(x) - 1 for x, _ in self._verify_s.samples})  # node counts measured so far
-        if len(sizes) < 2:  # measure two sizes before trusting a line through them
+        cumulative = _cumulative(path_probs[:limit])
+        best = self._best(cumulative)
+        if best is None:  # measure two sizes before trusting a line through them
             self._probes += 1
             n = min(limit, self.start_nodes if self._probes % 2 else max(1, self.start_nodes // 2))
         else:
-            verify = self._verify_s.predictor()
-            c = self.calibration()
-            reach = min(limit, 2 * max(sizes))
-            n = max(range(reach + 1), key=lambda m: (1 + c * cumulative[m]) / max(verify(m + 1), 1e-9))
+            n = best
         self._pending = cumulative[n]
         return n
+
+    def worth_growing(self, path_probs: Sequence[float], best_new: float) -> bool:
+        """Whether growing the tree can still pay: could a node of path probability best_new join
+        the best choice among path_probs (best first)? The proposer stops expanding once not, since
+        a node's children are never more probable than itself: a head that is unsure this step
+        costs one layer of drafting instead of the tree's depth. True until costs are measured.
+        (A heuristic on when to stop drafting: choose() still decides among what was drafted.)"""
+        cumulative = _cumulative(path_probs[:self.max_nodes])
+        n = self._best(cumulative)
+        if n is None:
+            return True
+        if n == self.max_nodes:
+            return False
+        verify, c = self._verify_s.predictor(), self.calibration()
+        return (1 + c * (cumulative[n] + best_new)) / max(verify(n + 2), 1e-9) > \
+            (1 + c * cumulative[n]) / max(verify(n + 1), 1e-9)
+
+    def _best(self, cumulative: list[float]) -> int | None:
+        """The node count maximising expected tokens per second of verification; None before two
+        sizes are measured. cumulative[m]: the first m candidates' summed path probabilities."""
+        sizes = sorted({int(x) - 1 for x, _ in self._verify_s.samples})  # node counts measured so far
+        if len(sizes) < 2:
+            return None
+        verify = self._verify_s.predictor()
+        c = self.calibration()
+        reach = min(len(cumulative) - 1, 2 * max(sizes))
+        return max(range(reach + 1), key=lambda m: (1 + c * cumulative[m]) / max(verify(m + 1), 1e-9))
 
     def record(self, *, verified_tokens: int, verify_s: float, accepted: int) -> None:
         """The step's verification: verified_tokens (the root and the chosen nodes) took verify_s and
@@ -86,3 +108,11 @@ class TreeBudget:
             self._predicted = self._predicted * self.decay + self._pending
             self._accepted = self._accepted * self.decay + accepted
             self._pending = None
+
+
+def _cumulative(path_probs: Sequence[float]) -> list[float]:
+    """[0, p_1, p_1 + p_2, ...]"""
+    sums = [0.0]
+    for p in path_probs:
+        sums.append(sums[-1] + p)
+    return sums
