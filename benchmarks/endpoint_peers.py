@@ -132,6 +132,9 @@ def main() -> int:
     parser.add_argument("--temperature", default="0")
     parser.add_argument("--samples", default="200", help="verify: draws per side and prompt")
     parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--no-bench", action="store_true",
+                        help="verify only: start only the servers of the pairs verified, bench nothing")
+    parser.add_argument("--verify-seed", default="0", help="verify: its --seed (another draw of seeds)")
     parser.add_argument("--verify-only", default=None, metavar="LABEL,...",
                         help="verify only these speculative servers against their plain one (default: every pair)")
     args = parser.parse_args()
@@ -139,29 +142,38 @@ def main() -> int:
     logs = out / "logs"
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {cpu_model()} ({effective_isa()}), {os.cpu_count()} cores", flush=True)
+    chosen = args.verify_only.split(",") if args.verify_only else [spec for spec, _ in PAIRS[args.group]]
+    pairs = [pair for pair in PAIRS[args.group] if pair[0] in chosen]
+    needed = {label for pair in pairs for label in pair}
     with ExitStack() as servers:
         urls = {}
         for label, start in GROUPS[args.group]:
+            if args.no_bench and label not in needed:
+                continue
             started = time.perf_counter()
             urls[label] = servers.enter_context(start(logs))
             print(f"{label}: {urls[label]} (up in {time.perf_counter() - started:.0f} s)", flush=True)
-        status = specdec_command("bench", *(f"--endpoint={label}={url}" for label, url in urls.items()),
-                                 "--prompts", args.prompts, "--per-category", args.per_category,
-                                 "--max-new-tokens", args.max_new_tokens, "--temperature", args.temperature,
-                                 "--out", str(out / "bench"), "--quiet", log=out / "bench.log")
+        status = None
+        if not args.no_bench:
+            status = specdec_command("bench", *(f"--endpoint={label}={url}" for label, url in urls.items()),
+                                     "--prompts", args.prompts, "--per-category", args.per_category,
+                                     "--max-new-tokens", args.max_new_tokens, "--temperature", args.temperature,
+                                     "--out", str(out / "bench"), "--quiet", log=out / "bench.log")
         verdicts = {}
         if not args.no_verify:
-            chosen = args.verify_only.split(",") if args.verify_only else [spec for spec, _ in PAIRS[args.group]]
-            for spec, plain in (pair for pair in PAIRS[args.group] if pair[0] in chosen):
-                verdicts[f"{spec} vs {plain}"] = specdec_command(
+            suffix = "" if args.verify_seed == "0" else f"-seed{args.verify_seed}"
+            for spec, plain in pairs:
+                verdicts[f"{spec} vs {plain}{suffix.replace('-', ', ')}"] = specdec_command(
                     "verify", "--endpoint", f"{spec}={urls[spec]}", "--reference", f"{plain}={urls[plain]}",
                     "--samples", args.samples, "--greedy-prompts", "4", "--max-new-tokens", "32",
-                    log=out / f"verify-{spec}.log")
+                    "--seed", args.verify_seed, log=out / f"verify-{spec}{suffix}.log")
     summary = out / "summary.json"
     earlier = json.loads(summary.read_text()).get("verify_status", {}) if summary.exists() else {}
-    summary.write_text(json.dumps(dict(machine=f"{cpu_model()} ({effective_isa()})", bench_status=status,
+    earlier_bench = json.loads(summary.read_text()).get("bench_status") if summary.exists() else None
+    summary.write_text(json.dumps(dict(machine=f"{cpu_model()} ({effective_isa()})",
+                                       bench_status=earlier_bench if status is None else status,
                                        verify_status={**earlier, **verdicts}), indent=1))
-    return status
+    return status or max(verdicts.values(), default=0)
 
 
 if __name__ == "__main__":
