@@ -221,6 +221,20 @@ def test_batched_lookahead_rows_guess_for_themselves_and_equal_each_alone(tokeni
         assert accepted > 10  # the rows' own Jacobi guesses were verified and kept
 
 
+def test_batched_lookahead_runs_to_the_end_of_the_context(tokenizer):
+    """The fullest row's cache bounds the step: near the context's end the windows stay out of the
+    forward, and every row still reaches the context's last token with plain greedy's output."""
+    model, params = make_peaked_model(seed=3), SamplingParams(temperature=0)
+    engine = BatchEngine(make_native(model, batch_size=2, max_context=40), build_batch_proposer("lookahead", slots=2),
+                         tokenizer, k=4)
+    prompts = ["abc abc abc abc", "the cat the cat the"]
+    requests = {i: engine.make_request(p, params, max_new_tokens=100, ignore_eos=True) for i, p in enumerate(prompts)}
+    got = run_all(engine, requests)
+    plain = SpecEngine(make_native(model, max_context=40), None, tokenizer, eos_token_ids=frozenset())
+    for i, prompt in enumerate(prompts):
+        assert got[i] == (plain.generate(prompt, params, max_new_tokens=100).token_ids, "length")
+
+
 def test_cache_rows_write_only_their_rows():
     cache = StaticKVCache(num_layers=1, batch_size=3, num_kv_heads=1, head_dim=2, max_capacity=8,
                           dtype=torch.float32, device=torch.device("cpu"), initial_capacity=4)

@@ -66,6 +66,18 @@ def test_greedy_with_lookahead_is_plain_greedy(target, tokenizer, options):
     assert accepted > 10  # the target's own guesses were really used
 
 
+def test_lookahead_runs_to_the_end_of_the_context(tokenizer):
+    """Near the context's end the window no longer fits the cache: those steps verify without it
+    (it used to raise 'do not fit the model's context'), and the output is plain greedy's to the last token."""
+    model, params = make_peaked_model(seed=3), SamplingParams(temperature=0)
+    spec = SpecEngine(make_native(model, max_context=40), LookaheadProposer(), tokenizer, k=4,
+                      eos_token_ids=frozenset())
+    plain = SpecEngine(make_native(model, max_context=40), None, tokenizer, eos_token_ids=frozenset())
+    result = spec.generate(PROMPTS[0], params, max_new_tokens=100)
+    assert result.finish_reason == "length" and len(result.prompt_token_ids) + len(result.token_ids) == 40
+    assert result.token_ids == plain.generate(PROMPTS[0], params, max_new_tokens=100).token_ids
+
+
 def test_sampling_with_lookahead_keeps_the_target_distribution(target, tokenizer):
     params = SamplingParams(temperature=0.9)
     spec = SpecEngine(target, LookaheadProposer(LookaheadOptions(window=4, ngram=3, guesses=4)), tokenizer, k=3)

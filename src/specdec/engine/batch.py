@@ -319,6 +319,9 @@ class BatchEngine:
         last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
         inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
         lookaheads = proposal.row_lookahead or (None,) * batch  # row b's lookahead tokens, or None
+        widest_window = max((extra.token_ids.shape[1] for extra in lookaheads if extra is not None), default=0)
+        if k + 1 + widest_window > room + 1:  # the fullest row's cache could not hold the windows: verify only
+            lookaheads = (None,) * batch
         inputs, offsets, among_new = self._step_layout(inputs, trees, lookaheads)
         positions = torch.tensor(lengths, device=device)[:, None] - 1 + offsets.to(device)
         # The forward is rectangular, [B, k+1]. A ragged one that computes only each row's real tokens

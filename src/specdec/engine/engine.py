@@ -394,6 +394,8 @@ class SpecEngine:
         #    (a tree: at L-1 + depth, each node seeing only its ancestors; lookahead tokens after them).
         inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
         lookahead = proposal.lookahead
+        if lookahead is not None and context_len + k + lookahead.token_ids.shape[1] > self.target.max_context:
+            lookahead = None  # the window's cache entries would not fit the context: this step verifies only
         if proposal.parents is None and lookahead is None:
             positions = torch.arange(context_len - 1, context_len + k, device=device)[None]
             output = self.target.forward(inputs, positions)
