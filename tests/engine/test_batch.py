@@ -221,16 +221,20 @@ def test_batched_lookahead_rows_guess_for_themselves_and_equal_each_alone(tokeni
         assert accepted > 10  # the rows' own Jacobi guesses were verified and kept
 
 
-def test_batched_lookahead_runs_to_the_end_of_the_context(tokenizer):
+@pytest.mark.parametrize("seed,context,options,k,prompts", [
+    (3, 40, LookaheadOptions(), 4, ["abc abc abc abc", "hello hello hello"]),
+    (0, 37, LookaheadOptions(window=4, ngram=4, guesses=5), 6, ["hello hello hello"]),
+], ids=["window", "tree"])
+def test_batched_lookahead_runs_to_the_end_of_the_context(tokenizer, seed, context, options, k, prompts):
     """The fullest row's cache bounds the step: near the context's end the windows stay out of the
-    forward, and every row still reaches the context's last token with plain greedy's output."""
-    model, params = make_peaked_model(seed=3), SamplingParams(temperature=0)
-    engine = BatchEngine(make_native(model, batch_size=2, max_context=40), build_batch_proposer("lookahead", slots=2),
-                         tokenizer, k=4)
-    prompts = ["abc abc abc abc", "the cat the cat the"]
+    forward and trees keep the nodes that fit; every row reaches the context's last token with plain
+    greedy's output."""
+    model, params = make_peaked_model(seed=seed), SamplingParams(temperature=0)
+    engine = BatchEngine(make_native(model, batch_size=2, max_context=context),
+                         build_batch_proposer("lookahead", slots=2, lookahead=options), tokenizer, k=k)
     requests = {i: engine.make_request(p, params, max_new_tokens=100, ignore_eos=True) for i, p in enumerate(prompts)}
     got = run_all(engine, requests)
-    plain = SpecEngine(make_native(model, max_context=40), None, tokenizer, eos_token_ids=frozenset())
+    plain = SpecEngine(make_native(model, max_context=context), None, tokenizer, eos_token_ids=frozenset())
     for i, prompt in enumerate(prompts):
         assert got[i] == (plain.generate(prompt, params, max_new_tokens=100).token_ids, "length")
 

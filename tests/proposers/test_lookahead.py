@@ -66,16 +66,21 @@ def test_greedy_with_lookahead_is_plain_greedy(target, tokenizer, options):
     assert accepted > 10  # the target's own guesses were really used
 
 
-def test_lookahead_runs_to_the_end_of_the_context(tokenizer):
-    """Near the context's end the window no longer fits the cache: those steps verify without it
-    (it used to raise 'do not fit the model's context'), and the output is plain greedy's to the last token."""
-    model, params = make_peaked_model(seed=3), SamplingParams(temperature=0)
-    spec = SpecEngine(make_native(model, max_context=40), LookaheadProposer(), tokenizer, k=4,
+@pytest.mark.parametrize("seed,context,prompt,options,k", [
+    (3, 40, PROMPTS[0], LookaheadOptions(), 4),  # the window would pass the context's end
+    (0, 37, PROMPTS[3], LookaheadOptions(window=4, ngram=4, guesses=5), 6),  # the pool's tree would (more nodes than k)
+], ids=["window", "tree"])
+def test_lookahead_runs_to_the_end_of_the_context(tokenizer, seed, context, prompt, options, k):
+    """Near the context's end neither the window nor a wide tree of pool n-grams may fit the cache: the
+    window stays out and the tree keeps the nodes that fit (both used to raise 'do not fit the model's
+    context'); the output is plain greedy's to the last token."""
+    model, params = make_peaked_model(seed=seed), SamplingParams(temperature=0)
+    spec = SpecEngine(make_native(model, max_context=context), LookaheadProposer(options), tokenizer, k=k,
                       eos_token_ids=frozenset())
-    plain = SpecEngine(make_native(model, max_context=40), None, tokenizer, eos_token_ids=frozenset())
-    result = spec.generate(PROMPTS[0], params, max_new_tokens=100)
-    assert result.finish_reason == "length" and len(result.prompt_token_ids) + len(result.token_ids) == 40
-    assert result.token_ids == plain.generate(PROMPTS[0], params, max_new_tokens=100).token_ids
+    plain = SpecEngine(make_native(model, max_context=context), None, tokenizer, eos_token_ids=frozenset())
+    result = spec.generate(prompt, params, max_new_tokens=100)
+    assert result.finish_reason == "length" and len(result.prompt_token_ids) + len(result.token_ids) == context
+    assert result.token_ids == plain.generate(prompt, params, max_new_tokens=100).token_ids
 
 
 def test_sampling_with_lookahead_keeps_the_target_distribution(target, tokenizer):

@@ -309,6 +309,7 @@ class BatchEngine:
             proposal = self.proposer.propose(contexts, max_ks)
         else:
             proposal = DraftProposal.empty(batch, device)
+        proposal = proposal.truncated(room)  # a tree may hold more nodes than its depth: what the fullest row fits
         draft_ids = proposal.token_ids.to(device)  # [B, k]
         k = draft_ids.shape[1]
         trees = proposal.row_parents or (None,) * batch  # row b's tree (its parents), or None: a chain

@@ -386,6 +386,8 @@ class SpecEngine:
             caught_up = unread - self._unread_tokens(context_len)
         else:
             proposal = DraftProposal.empty(1, device)
+        # A tree may hold more nodes than its depth: only as many as the context still has room for.
+        proposal = proposal.truncated(self.target.max_context - context_len)
         draft_ids = proposal.token_ids.to(device)  # [1, k]
         k = draft_ids.shape[1]
         proposed = time.perf_counter()

@@ -47,6 +47,20 @@ class DraftProposal:
                              num_tokens=torch.tensor([len(tokens)], dtype=torch.int64, device=device), probs=probs,
                              parents=None if parents is None else tuple(parents), lookahead=lookahead)
 
+    def truncated(self, nodes: int) -> DraftProposal:
+        """The first `nodes` drafts of every row: what fits the context's last positions. A tree's
+        nodes are in topological order, so a prefix is still a tree; verification stays exact."""
+        if self.token_ids.shape[1] <= nodes:
+            return self
+
+        def cut(parents):
+            return None if parents is None else tuple(parents[:nodes])
+
+        return DraftProposal(self.token_ids[:, :nodes], self.num_tokens.clamp(max=nodes),
+                             None if self.probs is None else self.probs[:, :nodes], cut(self.parents),
+                             self.lookahead, None if self.row_parents is None else tuple(map(cut, self.row_parents)),
+                             self.row_lookahead)
+
     @staticmethod
     def empty(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftProposal:
         return DraftProposal(
