@@ -276,10 +276,6 @@ class BatchedNgramThenDraftProposer:
             accepted[torch.tensor(self._copied[:len(accepted)], dtype=torch.bool)] = 0
             self.draft.on_verified(accepted)
 
-    def read_lookahead(self, row: int, logits: torch.Tensor) -> None:
-        """The target's logits [m, V] at the lookahead tokens row's last proposal carried."""
-        self.rows[row].read_lookahead(logits)
-
     def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         self.ngram.end_row(row, prompt_ids, output_ids)
 
