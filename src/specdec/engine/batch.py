@@ -35,16 +35,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.engine.engine import select_target_features, verify_proposal
+from specdec.engine.engine import select_target_features, step_layout, verify_proposal
 from specdec.engine.goodput import GoodputK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
-from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext
+from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
-from specdec.sampling.tree import tree_attention_mask, tree_depths
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
@@ -319,12 +318,9 @@ class BatchEngine:
         forward_started = time.perf_counter()
         last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
         inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
-        lookaheads = proposal.row_lookahead or (None,) * batch  # row b's lookahead tokens, or None
-        widest_window = max((extra.token_ids.shape[1] for extra in lookaheads if extra is not None), default=0)
-        if k + 1 + widest_window > room + 1:  # the fullest row's cache could not hold the windows: verify only
-            lookaheads = (None,) * batch
-        inputs, offsets, among_new = self._step_layout(inputs, trees, lookaheads)
-        positions = torch.tensor(lengths, device=device)[:, None] - 1 + offsets.to(device)
+        layout = step_layout(inputs, trees, proposal.row_lookahead or (None,) * batch, room)
+        inputs, among_new = layout.inputs, layout.among_new
+        positions = torch.tensor(lengths, device=device)[:, None] - 1 + layout.offsets.to(device)
         # The forward is rectangular, [B, k+1]. A ragged one that computes only each row's real tokens
         # (the decoder's `valid`, models/native/model.py: Packing; bit-identical) with a k per row by its
         # own acceptance measured 0.89-0.95x plain at 2-8 clients on the Zen 4 EPYC against 0.97-1.05x
@@ -336,7 +332,7 @@ class BatchEngine:
             target_logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
             self.goodput.record_step(batch, inputs.numel(), time.perf_counter() - forward_started, k,
                                      forward_started - propose_started)
-        for b, lookahead in enumerate(lookaheads):  # lookahead decoding: each row's Jacobi update
+        for b, lookahead in enumerate(layout.lookaheads):  # lookahead decoding: each row's Jacobi update
             if lookahead is not None:
                 self.proposer.read_lookahead(b, target_logits[b, k + 1:k + 1 + lookahead.token_ids.shape[1]])
 
@@ -399,41 +395,6 @@ class BatchEngine:
             self._free(b)
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates
-
-    @staticmethod
-    def _step_layout(inputs: torch.Tensor, trees: Sequence[tuple[int, ...] | None],
-                     lookaheads: Sequence[LookaheadInputs | None]
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The step's inputs [B, W] (each row's lookahead tokens appended after the k+1 verified
-        inputs), each input's offset from the root's position [B, W], and which inputs each input
-        sees [B, W, W] (None: every row a chain without lookahead, causal).
-        A tree row's nodes sit at the root's position + depth and see their ancestors. A row's
-        lookahead tokens sit at their own offsets and see the root and what their mask allows;
-        no verified input sees them (SpecEngine's layout for one row, engine.py). Padding (a row
-        drafting less than the widest, lookahead tokens fewer than the most) sits at chain offsets
-        and sees causally: no real input sees it, and rollback drops it."""
-        batch, verified = inputs.shape
-        extra = max((lookahead.token_ids.shape[1] for lookahead in lookaheads if lookahead is not None), default=0)
-        width = verified + extra
-        offsets = torch.arange(width).repeat(batch, 1)
-        if not any(trees) and not extra:  # chains, or trees without a node this step: the cheaper causal forward
-            return inputs, offsets, None
-        among_new = torch.ones(width, width, dtype=torch.bool).tril().repeat(batch, 1, 1)
-        if extra:
-            inputs = torch.cat([inputs, inputs.new_zeros(batch, extra)], dim=1)
-        for b, (parents, lookahead) in enumerate(zip(trees, lookaheads)):
-            if parents:
-                n = len(parents) + 1
-                offsets[b, 1:n] = torch.tensor(tree_depths(parents))
-                among_new[b, :n, :n] = tree_attention_mask(parents)
-            if lookahead is not None:
-                window = slice(verified, verified + lookahead.token_ids.shape[1])
-                inputs[b, window] = lookahead.token_ids[0].to(inputs.device)
-                offsets[b, window] = lookahead.offsets.cpu()
-                among_new[b, window] = False
-                among_new[b, window, 0] = True  # the root
-                among_new[b, window, window] = lookahead.mask.cpu()
-        return inputs, offsets, among_new
 
     def _free(self, row: int) -> None:
         """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow."""

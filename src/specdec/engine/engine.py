@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -95,17 +96,49 @@ def verify_proposal(
     return tree.num_accepted, tree.output_ids, [0] + [node + 1 for node in tree.path]
 
 
-def _with_lookahead(inputs: torch.Tensor, depths: torch.Tensor, mask: torch.Tensor,
-                    lookahead: LookaheadInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Append a proposer's lookahead tokens after the drafts: they see the root and what their
-    own mask allows, the drafts never see them, and they never see the drafts."""
-    n, m = inputs.shape[1], lookahead.token_ids.shape[1]
-    full = torch.zeros(n + m, n + m, dtype=torch.bool, device=mask.device)
-    full[:n, :n] = mask
-    full[n:, 0] = True
-    full[n:, n:] = lookahead.mask.to(mask.device)
-    return (torch.cat([inputs, lookahead.token_ids.to(inputs.device)], dim=1),
-            torch.cat([depths, lookahead.offsets.to(depths.device)]), full)
+class StepLayout(NamedTuple):
+    inputs: torch.Tensor  # [B, W]: each row's root and drafts (k+1, padded), then its lookahead tokens
+    offsets: torch.Tensor  # [B, W] each input's position after the root's
+    among_new: torch.Tensor | None  # [B, W, W] which inputs each input sees; None: causal
+    lookaheads: tuple[LookaheadInputs | None, ...]  # the lookahead tokens placed, per row
+
+
+def step_layout(inputs: torch.Tensor, trees: Sequence[tuple[int, ...] | None],
+                lookaheads: Sequence[LookaheadInputs | None], room: int) -> StepLayout:
+    """The verification forward of one step (SpecEngine: one row; BatchEngine: every row).
+    inputs [B, k+1]: root and drafts; trees: row b's parents, or None for a chain; lookaheads:
+    row b's lookahead tokens, or None; room: cache entries past the root the fullest row still has.
+
+    A tree row's nodes sit at the root's position + depth and see their ancestors. A row's
+    lookahead tokens go after the k+1 verified inputs, at their own offsets, seeing the root and
+    what their mask allows; no verified input sees them, so verified logits are a plain step's.
+    Where the widest window would not fit the room, no row carries one this step. Padding (a row
+    drafting less than the widest, a window shorter than the widest) sits at chain offsets and sees
+    causally: no real input sees it, and rollback drops it."""
+    batch, verified = inputs.shape
+    extra = max((lookahead.token_ids.shape[1] for lookahead in lookaheads if lookahead is not None), default=0)
+    if verified - 1 + extra > room:  # the window's cache entries would not fit the context: verify only
+        lookaheads, extra = (None,) * batch, 0
+    width = verified + extra
+    offsets = torch.arange(width).repeat(batch, 1)
+    if not any(trees) and not extra:  # chains, or trees without a node this step: the cheaper causal forward
+        return StepLayout(inputs, offsets, None, tuple(lookaheads))
+    among_new = torch.ones(width, width, dtype=torch.bool).tril().repeat(batch, 1, 1)
+    if extra:
+        inputs = torch.cat([inputs, inputs.new_zeros(batch, extra)], dim=1)
+    for b, (parents, lookahead) in enumerate(zip(trees, lookaheads)):
+        if parents:
+            n = len(parents) + 1
+            offsets[b, 1:n] = torch.tensor(tree_depths(parents))
+            among_new[b, :n, :n] = tree_attention_mask(parents)
+        if lookahead is not None:
+            window = slice(verified, verified + lookahead.token_ids.shape[1])
+            inputs[b, window] = lookahead.token_ids[0].to(inputs.device)
+            offsets[b, window] = lookahead.offsets.cpu()
+            among_new[b, window] = False
+            among_new[b, window, 0] = True  # the root
+            among_new[b, window, window] = lookahead.mask.cpu()
+    return StepLayout(inputs, offsets, among_new, tuple(lookaheads))
 
 
 def verifies_as_chain(params: SamplingParams) -> bool:
@@ -395,21 +428,14 @@ class SpecEngine:
         # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k
         #    (a tree: at L-1 + depth, each node seeing only its ancestors; lookahead tokens after them).
         inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
-        lookahead = proposal.lookahead
-        if lookahead is not None and context_len + k + lookahead.token_ids.shape[1] > self.target.max_context:
-            lookahead = None  # the window's cache entries would not fit the context: this step verifies only
-        if proposal.parents is None and lookahead is None:
-            positions = torch.arange(context_len - 1, context_len + k, device=device)[None]
-            output = self.target.forward(inputs, positions)
-        else:
-            parents = proposal.parents if proposal.parents is not None else tuple(range(-1, k - 1))
-            depths = torch.tensor([0, *tree_depths(parents)], device=device)
-            mask = tree_attention_mask(parents, device)
-            if lookahead is not None:
-                inputs, depths, mask = _with_lookahead(inputs, depths, mask, lookahead)
-            output = self.target.forward(inputs, (context_len - 1 + depths)[None], among_new=mask[None])
+        layout = step_layout(inputs, (proposal.parents,), (proposal.lookahead,), self.target.max_context - context_len)
+        positions = context_len - 1 + layout.offsets.to(device)
+        if layout.among_new is None:  # a chain: the causal forward every runner has (the HF one too)
+            output = self.target.forward(layout.inputs, positions)
+        else:  # a tree or a lookahead window: the native decoder's mask among the new tokens
+            output = self.target.forward(layout.inputs, positions, among_new=layout.among_new.to(device))
         target_logits = output.logits[:, : k + 1]  # [1, k+1, V]
-        if lookahead is not None:
+        if layout.lookaheads[0] is not None:
             self.proposer.read_lookahead(output.logits[0, k + 1:])
 
         # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
