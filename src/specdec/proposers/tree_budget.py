@@ -32,6 +32,7 @@ verified, so trees stay exactly as lossless as with a fixed size (tests pin it).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 from specdec.analysis.costs import RecentTimes
 
@@ -63,7 +64,7 @@ class TreeBudget:
         """How many of the candidates to verify. path_probs: each candidate's path probability, in
         the order the proposer adds them (best first; every prefix holds its nodes' ancestors)."""
         limit = min(len(path_probs), self.max_nodes)
-        cumulative = _cumulative(path_probs[:limit])
+        cumulative = list(accumulate(path_probs[:limit], initial=0.0))  # [0, p_1, p_1 + p_2, ...]
         best = self._best(cumulative)
         if best is None:  # measure two sizes before trusting a line through them
             self._probes += 1
@@ -79,7 +80,7 @@ class TreeBudget:
         a node's children are never more probable than itself: a head that is unsure this step
         costs one layer of drafting instead of the tree's depth. True until costs are measured.
         (A heuristic on when to stop drafting: choose() still decides among what was drafted.)"""
-        cumulative = _cumulative(path_probs[:self.max_nodes])
+        cumulative = list(accumulate(path_probs[:self.max_nodes], initial=0.0))
         n = self._best(cumulative)
         if n is None:
             return True
@@ -108,11 +109,3 @@ class TreeBudget:
             self._predicted = self._predicted * self.decay + self._pending
             self._accepted = self._accepted * self.decay + accepted
             self._pending = None
-
-
-def _cumulative(path_probs: Sequence[float]) -> list[float]:
-    """[0, p_1, p_1 + p_2, ...]"""
-    sums = [0.0]
-    for p in path_probs:
-        sums.append(sums[-1] + p)
-    return sums
