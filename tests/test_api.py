@@ -70,7 +70,7 @@ def test_a_bad_config_is_a_clear_error(bad, message):
 
 def test_resolved_picks_the_devices_method_and_a_named_draft_wins():
     assert SpecConfig().resolved("cpu").method == "ngram"
-    assert SpecConfig().resolved("cuda").method == "draft"
+    assert SpecConfig().resolved("cuda").method == "ngram"
     named = SpecConfig(draft="./my-draft").resolved("cpu")
     assert (named.method, named.draft) == ("draft", "./my-draft")
     assert SpecConfig(method="draft").resolved("cpu").draft == "qwen2.5-coder-0.5b"  # the default draft

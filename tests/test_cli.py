@@ -75,7 +75,7 @@ def test_resolve_method_follows_the_device():
     from specdec.proposers.registry import resolve_method
 
     assert resolve_method("auto", "cpu") == "ngram"
-    assert resolve_method("auto", "cuda") == "draft"
+    assert resolve_method("auto", "cuda") == "ngram"  # launch-bound on an H100: see default_method
     assert resolve_method("draft", "cpu") == "draft"  # a method named is never replaced
 
 

@@ -70,7 +70,7 @@ def load(target: str = DEFAULT_TARGET, *, method: str = "auto", k: int | str = "
     directory) with a proposer, and return an LLM.
 
     method: autoregressive, draft, ngram, ngram+draft, suffix, lookahead, eagle, eagle-tree,
-    eagle3, eagle3-tree, medusa, or auto (ngram on a CPU, the draft model on CUDA; the draft
+    eagle3, eagle3-tree, medusa, or auto (ngram; the draft
     model wherever a draft is named). k: tokens drafted per step, or "auto". head: a trained
     head's path (or HeadOptions) for the head methods. options: any other SpecConfig field
     (device, dtype, backend, quantize, draft_quantize, max_k, ngram, suffix, lookahead, ...).

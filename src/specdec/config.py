@@ -65,7 +65,7 @@ class SpecConfig:
     """How to build one engine: the models, the method and its knobs.
 
     method "auto" and draft None are settled by `resolved()` for the device the engine runs
-    on (ngram on a CPU, the draft model on CUDA; a named draft means drafting with it).
+    on (ngram on a CPU and on CUDA; a named draft means drafting with it).
     k: tokens drafted per step (>= 1) or "auto" (each step's k from measured costs and the
     request's acceptance, at most max_k).
     """

@@ -137,8 +137,11 @@ def cmd_doctor(args) -> int:
           f"{kernels['dtype']}")
     print(f"attention: {kernels['attention']}")
 
-    report = probe_projections(runner.decoder)
-    _print_group("projections, 1..64 rows vs each row alone", report.cases)
+    step = runner.step_tokens
+    report = probe_projections(runner.decoder, step=step)
+    _print_group("projections, 1..64 rows vs each row alone" if step is None else
+                 f"projections, {step}..{8 * step} rows vs each block of {step} (every forward runs {step} tokens "
+                 "a row here)", report.cases)
     chunk_report = probe_chunkings(runner, contexts)
     _print_group(f"chunkings [1]*9 [9] [3,3,3] [5,4] [2,2,2,2,1] at contexts {','.join(map(str, contexts))}",
                  chunk_report.cases)

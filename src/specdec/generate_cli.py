@@ -25,9 +25,9 @@ examples:
   specdec generate --method eagle3 --head ./some-eagle3-speculators-dir --chat "..."   # as vLLM loads it
   specdec generate --method medusa --tree-size 8 --temperature 0.7 --typical-acceptance --chat "..."  # LOSSY
 
-With no --method (auto) a CPU drafts by n-gram lookup, loading no draft model
-(the fastest lossless method measured on CPUs), and CUDA drafts with the draft
-model; --method draft, or naming a --draft, picks the draft model anywhere.
+With no --method (auto) specdec drafts by n-gram lookup, loading no draft model
+(the fastest lossless method measured on CPUs and on an H100, where a draft step
+costs what a target step does); --method draft, or naming a --draft, picks the draft model anywhere.
 Models are names from `specdec models list` (converted on first use) or local
 Hugging Face model directories. The draft must share the target's tokenizer.
 ngram needs no draft model: it copies what followed the context's last n tokens

@@ -7,8 +7,8 @@ import sys
 
 EPILOG_SERVE = """\
 examples:
-  specdec serve                                        # the embedded target, auto method (ngram on a CPU,
-                                                       #   draft on CUDA), k per step by goodput, port 8000
+  specdec serve                                        # the embedded target, auto method (ngram on CPU
+                                                       #   and CUDA), k per step by goodput, port 8000
   specdec serve --method draft --port 8001             # the embedded pair: the 0.5B draft drafts
   specdec serve --method eagle3-tree --head ./my-eagle3 --tree-size 8   # a trained EAGLE-3 head, its trees
   specdec serve --method autoregressive                # the same server without speculation (a baseline)

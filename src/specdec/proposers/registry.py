@@ -51,10 +51,16 @@ def default_method(device_type: str) -> str:
     plain decoding in every category: on an AVX2 EPYC 1.24x llama.cpp's plain decoding
     overall against 0.91x for the draft model with -k auto (whose step costs ~0.4 of the
     target's there, too dear for prose acceptance), on an AVX-512 EPYC 0.95-1.07x against
-    0.69x. It also loads no draft model. CUDA: the draft model, where verifying k+1
-    tokens costs about one step and a draft step is cheap next to the target's.
+    0.69x. It also loads no draft model.
+
+    CUDA: ngram too. On an H100 (RESULTS.md, "Exact on a GPU") specdec's steps are bound by
+    kernel launches, not by the GPU: the 0.5B draft's step costs 24 ms against the 1.5B
+    target's 26-27 ms, so drafting k tokens costs k target steps, and even a draft whose
+    every token is accepted (the target drafting for itself, tau 4.57) ran at 1.0-1.2x,
+    while a 64-token verification costs what one token does, which ngram needs. Revisit
+    when the step is captured in CUDA graphs and a draft step costs its weights' read.
     """
-    return "ngram" if device_type == "cpu" else "draft"
+    return "ngram"
 
 
 def resolve_method(method: str, device_type: str) -> str:

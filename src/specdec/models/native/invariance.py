@@ -7,7 +7,9 @@ differently depending on how many rows share the call. So this module checks,
 on the machine it runs on and at the model's real shapes:
 
 - projections: every linear of the first block and the output head, fed M rows,
-  gives each row bit-identically to that row alone (M = 1 .. 64);
+  gives each row bit-identically to that row alone (M = 1 .. 64); on a runner
+  that runs fixed steps of S tokens (CUDA, NativeRunner.step_tokens), M = S x b
+  rows against each block of S alone (b = 1 .. 8: the rows of a batched step);
 - chunkings: a window of 9 new tokens after a context of c tokens, fed as
   [1]*9, [9], [3,3,3], [5,4], [2,2,2,2,1], gives bit-identical hidden states
   and logits;
@@ -81,27 +83,36 @@ def decoder_projections(decoder: NativeDecoder) -> dict[str, torch.nn.Module]:
             "down": block.mlp.down, "head": decoder.head}
 
 
+STEP_BLOCKS = (1, 2, 3, 4, 8)  # rows of a batched step, in blocks of step_tokens
+
+
 @torch.inference_mode()
-def probe_projections(decoder: NativeDecoder, row_counts=PROJECTION_ROWS, seed: int = 0) -> InvarianceReport:
-    """Each projection fed M rows must give each row exactly as it gives that row alone."""
+def probe_projections(decoder: NativeDecoder, row_counts=PROJECTION_ROWS, seed: int = 0,
+                      step: int | None = None) -> InvarianceReport:
+    """Each projection fed M rows must give each row exactly as it gives that row alone; with
+    step (a runner's fixed step_tokens), each block of step rows as that block alone, for
+    M = step x STEP_BLOCKS: the only row counts such a runner calls its projections with."""
     report = InvarianceReport()
     generator = torch.Generator().manual_seed(seed)
+    unit = step or 1
+    counts = [unit * blocks for blocks in STEP_BLOCKS] if step else list(row_counts)
     for name, linear in decoder_projections(decoder).items():
         width = linear.in_features if hasattr(linear, "in_features") else linear.weight.shape[1]
-        rows = torch.randn(max(row_counts), width, generator=generator).to(decoder.device, decoder.dtype)
-        alone = torch.cat([linear(rows[i:i + 1]) for i in range(max(row_counts))])
-        for count in row_counts:
+        rows = torch.randn(max(counts), width, generator=generator).to(decoder.device, decoder.dtype)
+        alone = torch.cat([linear(rows[i:i + unit]) for i in range(0, max(counts), unit)])
+        for count in counts:
             together = linear(rows[:count])
-            report.add(f"projection {name} {together.shape[-1]}x{width}, {count} rows", together,
-                       alone[:count])
+            label = f"{count} rows" if step is None else f"{count} rows vs blocks of {step}"
+            report.add(f"projection {name} {together.shape[-1]}x{width}, {label}", together, alone[:count])
     return report
 
 
 @torch.inference_mode()
 def probe_attention(config: DecoderConfig, device: torch.device, dtype: torch.dtype,
-                    contexts=(7, 60, 200, 500), seed: int = 0) -> InvarianceReport:
+                    contexts=(7, 60, 200, 500), seed: int = 0, step: int | None = None) -> InvarianceReport:
     """The attention alone on random tensors at the model's head dimensions: each chunking of a
-    9-token window after c cached tokens against one token at a time (no weights needed)."""
+    9-token window after c cached tokens against one token at a time (no weights needed).
+    step: each chunk's queries padded to step (a fixed-step runner's calls)."""
     report = InvarianceReport()
     generator = torch.Generator().manual_seed(seed)
     groups = config.num_heads // config.num_kv_heads
@@ -109,16 +120,21 @@ def probe_attention(config: DecoderConfig, device: torch.device, dtype: torch.dt
         window = 9
         length = context + window
         query = torch.randn(1, config.num_heads, window, config.head_dim, generator=generator).to(device, dtype)
-        keys = torch.randn(1, config.num_kv_heads, length + 64, config.head_dim, generator=generator).to(device, dtype)
+        padding = step or 0
+        keys = torch.randn(1, config.num_kv_heads, length + 64 + padding, config.head_dim,
+                           generator=generator).to(device, dtype)
         values = torch.randn(keys.shape, generator=generator).to(device, dtype)
+        extra = torch.randn(1, config.num_heads, padding, config.head_dim, generator=generator).to(device, dtype)
         outputs = []
         for chunks in CHUNKINGS:
             parts, start = [], context
             for size in chunks:
-                plan = AttentionPlan.build([start], size, groups, None, device)
+                width = max(size, step or size)
+                plan = AttentionPlan.build([start], width, groups, None, device)
                 offset = start - context
-                parts.append(plan.attend(query[:, :, offset:offset + size], keys[:, :, :plan.key_length],
-                                         values[:, :, :plan.key_length]))
+                queries = torch.cat([query[:, :, offset:offset + size], extra[:, :, :width - size]], dim=2)
+                parts.append(plan.attend(queries, keys[:, :, :plan.key_length],
+                                         values[:, :, :plan.key_length])[:, :, :size])
                 start += size
             outputs.append(torch.cat(parts, dim=2))
         for chunks, output in zip(CHUNKINGS[1:], outputs[1:]):
@@ -126,10 +142,11 @@ def probe_attention(config: DecoderConfig, device: torch.device, dtype: torch.dt
     return report
 
 
-def cheap_probe(decoder: NativeDecoder) -> InvarianceReport:
-    """What a loaded runner checks once: projections (up to 17 rows) and attention on random tensors."""
-    report = probe_projections(decoder, CHEAP_ROWS)
-    return report.extend(probe_attention(decoder.config, decoder.device, decoder.dtype))
+def cheap_probe(decoder: NativeDecoder, step: int | None = None) -> InvarianceReport:
+    """What a loaded runner checks once: projections (up to 17 rows, or the blocks of a fixed-step
+    runner's calls) and attention on random tensors."""
+    report = probe_projections(decoder, CHEAP_ROWS, step=step)
+    return report.extend(probe_attention(decoder.config, decoder.device, decoder.dtype, step=step))
 
 
 def _window(runner, context_ids: torch.Tensor, window_ids: torch.Tensor, chunks, row: slice | None = None):

@@ -44,17 +44,38 @@ def batch_invariant(x: torch.Tensor, out_features: int, project) -> torch.Tensor
     return (out[:1] if single else out).reshape(*x.shape[:-1], out_features)
 
 
+def in_row_blocks(x: torch.Tensor, out_features: int, block: int | None, project) -> torch.Tensor:
+    """project(rows) called on each block of `block` rows alone (all rows at once where block is None)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if block is None or rows.shape[0] <= block:
+        return project(rows).reshape(*x.shape[:-1], out_features)
+    return torch.cat([project(part) for part in rows.split(block)]).reshape(*x.shape[:-1], out_features)
+
+
 class DenseLinear(nn.Module):
+    """F.linear on the weight as loaded; batch-invariant on CPUs (batch_invariant) and, on a GPU,
+    when row_block is set: each block of row_block rows in a call of its own.
+
+    cuBLAS chooses its GEMM kernel by row count, and kernels round differently: on an H100
+    (benchmarks/cuda_check.py) the 8960 -> 1536 down projection gave other bf16 values for
+    64 rows in a call of 128 than in a call of 64. A fixed-step runner (NativeRunner.step_tokens)
+    calls with step x rows-of-the-batch rows; row_block = step makes every GEMM a 64-row one, so
+    a request's logits do not depend on how many others share the step. The price is one weight
+    read per row of the batch, which a launch-bound step on a GPU does not feel.
+    """
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:  # [N, K], [N]
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.row_block: int | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         if x.device.type == "cpu":
             return batch_invariant(x, self.weight.shape[0], lambda rows: nn.functional.linear(rows, self.weight,
                                                                                                self.bias))
-        return nn.functional.linear(x, self.weight, self.bias)
+        return in_row_blocks(x, self.weight.shape[0], self.row_block,
+                             lambda rows: nn.functional.linear(rows, self.weight, self.bias))
 
 
 PACKED_ROWS_HINT = 9  # oneDNN picks the packed layout for this many rows: k=8 verification

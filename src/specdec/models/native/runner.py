@@ -8,12 +8,32 @@ import torch
 
 from specdec.models.kv_cache import StaticKVCache
 from specdec.models.native.attention import KEY_BLOCK
+from specdec.models.native.linear import DenseLinear
 from specdec.models.native.model import NativeDecoder
 from specdec.models.runner import ForwardOutput
 
 
+# Every forward on CUDA runs exactly this many new tokens per row (see NativeRunner.step_tokens).
+CUDA_STEP_TOKENS = 64
+
+
 class NativeRunner:
     """Any batch size; rows may hold different lengths (per-row truncate).
+
+    step_tokens (default: CUDA_STEP_TOKENS on CUDA, None on CPU): every forward runs
+    exactly this many new tokens per row, the real ones followed by padding that no
+    real token sees (chains longer than that run in several calls). On a GPU the
+    kernels' launch shapes, not only the library, decide the rounding: cuBLAS picks
+    its GEMM by row count, and PyTorch's CUDA reductions (RMSNorm's mean, softmax)
+    split a row's sum across threads by how many rows share the call. Measured on an
+    H100 (benchmarks/cuda_check.py), greedy draft k=4 on a random-weight 1.5B target
+    left plain greedy at its 77th token, and fp32 projections of 2..64 rows differed
+    from one row. One shape per step makes a plain step, a 5-token verification and
+    a 40-node tree the same kernels, so a position's logits cannot depend on how many
+    tokens shared its forward (the batch-invariance rule of DESIGN.md, "by
+    construction"). On a GPU a 64-token forward of a 1.5B model costs what a 1-token
+    one does (it reads the same weights); on CPUs rows cost time, and the kernels
+    are invariant by themselves (linear.batch_invariant), so CPUs never pad.
 
     head_rows [N] (optional): the decoder's head scores only these target ids
     (a reduced-vocabulary draft, as in EAGLE-3, Li et al. 2025, arXiv 2503.01840);
@@ -23,7 +43,7 @@ class NativeRunner:
 
     def __init__(self, decoder: NativeDecoder, *, batch_size: int = 1,
                  head_rows: torch.Tensor | None = None, max_context: int | None = None,
-                 initial_cache_len: int = 2048) -> None:
+                 initial_cache_len: int = 2048, step_tokens: int | None | str = "auto") -> None:
         config = decoder.config
         self.decoder = decoder
         self.device = decoder.device
@@ -32,9 +52,21 @@ class NativeRunner:
         self.head_rows = None if head_rows is None else head_rows.to(self.device)
         # The safe path, set where the invariance probe failed (check_invariance): see _one_token_per_call.
         self.one_token_per_call = False
+        if step_tokens == "auto":
+            step_tokens = CUDA_STEP_TOKENS if self.device.type == "cuda" else None
+        if step_tokens is not None and (isinstance(step_tokens, bool) or not isinstance(step_tokens, int)
+                                        or step_tokens < 1):
+            raise ValueError(f"step_tokens must be an integer >= 1, None or 'auto', got {step_tokens!r}")
+        self.step_tokens = step_tokens
+        if step_tokens is not None:  # the batched step's GEMMs in blocks of one row's step (DenseLinear)
+            for module in decoder.modules():
+                if isinstance(module, DenseLinear):
+                    module.row_block = step_tokens
+        # The padding of the context's last step needs slots past the context: never read, never kept.
         self.cache = StaticKVCache(num_layers=config.num_layers, batch_size=batch_size,
                                    num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-                                   max_capacity=self.max_context, dtype=decoder.dtype, device=self.device,
+                                   max_capacity=self.max_context + (step_tokens or 0),
+                                   dtype=decoder.dtype, device=self.device,
                                    initial_capacity=initial_cache_len, capacity_multiple=KEY_BLOCK)
 
     @property
@@ -54,7 +86,7 @@ class NativeRunner:
         """A runner over the same weights with its own cache of batch_size rows (a server's slots)."""
         runner = NativeRunner(self.decoder, batch_size=batch_size, head_rows=self.head_rows,
                               max_context=min(max_context or self.max_context, self.max_context),
-                              initial_cache_len=initial_cache_len)
+                              initial_cache_len=initial_cache_len, step_tokens=self.step_tokens)
         runner.one_token_per_call = self.one_token_per_call
         return runner
 
@@ -63,7 +95,7 @@ class NativeRunner:
         fails, switch to the safe path and say so: never silently inexact."""
         from specdec.models.native.invariance import cheap_probe
 
-        report = cheap_probe(self.decoder)
+        report = cheap_probe(self.decoder, self.step_tokens)
         if not report.ok:
             self.one_token_per_call = True
             worst = report.failures[0]
@@ -88,8 +120,13 @@ class NativeRunner:
         if token_ids.shape[0] != len(cache.seq_lens):
             raise ValueError(f"this forward covers {len(cache.seq_lens)} cache rows, got {token_ids.shape[0]} rows")
         token_ids, positions = token_ids.to(self.device), positions.to(self.device)
+        if max(cache.seq_lens) + token_ids.shape[1] > self.max_context:
+            raise ValueError(f"{max(cache.seq_lens) + token_ids.shape[1]} tokens do not fit the model's context of "
+                             f"{self.max_context} tokens")
         if self.one_token_per_call and last_n_logits is None and token_ids.numel() > 1:
             logits, hidden = self._one_token_per_call(token_ids, positions, among_new, rows)
+        elif self.step_tokens is not None and valid is None:
+            logits, hidden = self._fixed_steps(token_ids, positions, cache, among_new, last_n_logits)
         else:
             logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new,
                                           last_n_logits=last_n_logits, valid=valid)
@@ -97,6 +134,37 @@ class NativeRunner:
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_rows, logits)
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _fixed_steps(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
+                     among_new: torch.Tensor | None, last_n_logits: int | None):
+        """The forward in calls of exactly step_tokens new tokens per row (see the class docstring).
+
+        A chain of more runs in consecutive calls (a prompt's prefill, in pieces); a tree of more
+        (its nodes must see each other in one call) runs padded to a multiple of step_tokens."""
+        step, total = self.step_tokens, token_ids.shape[1]
+        if total > step and among_new is None:
+            pieces = [self._fixed_steps(token_ids[:, start:start + step], positions[:, start:start + step], cache,
+                                        None, None) for start in range(0, total, step)]
+            logits, hidden = torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
+            return (logits[:, -last_n_logits:] if last_n_logits else logits), hidden
+        width = -(-total // step) * step
+        pad = width - total
+        before = list(cache.seq_lens)
+        if pad:
+            rows = token_ids.shape[0]
+            token_ids = torch.cat([token_ids, token_ids.new_zeros(rows, pad)], dim=1)
+            # The padding continues each row's positions (any rotary position would do: no real token sees it).
+            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)],
+                                  dim=1)
+            if among_new is not None:  # real tokens see what they saw; each padding token sees itself
+                padded = torch.eye(width, dtype=torch.bool, device=among_new.device).repeat(rows, 1, 1)
+                padded[:, :total, :total] = among_new.to(torch.bool)
+                among_new = padded
+        logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new)
+        if pad:
+            cache.truncate([length + total for length in before])  # the padding's keys and values go
+        logits, hidden = logits[:, :total], hidden[:, :total]
+        return (logits[:, -last_n_logits:] if last_n_logits else logits), hidden
 
     def _one_token_per_call(self, token_ids: torch.Tensor, positions: torch.Tensor,
                             among_new: torch.Tensor | None, rows: slice | None):

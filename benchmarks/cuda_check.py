@@ -1,0 +1,264 @@
+"""One GPU lease, one script: is specdec exact on CUDA, and what does a step cost there?
+
+  python benchmarks/cuda_check.py --out DIR [--tokenizer DIR] [--new-tokens 128]
+
+Only 64 MiB of files travel to a lent GPU, so the models are random-weight
+decoders of the real shapes (Qwen2.5-Coder-1.5B target, 0.5B draft): the
+costs of a forward depend on shapes, not on weights, and a random model's
+near-uniform logits make greedy equality the strictest test of bit-exactness
+(every near-tie is a chance for a rounding difference to flip a token).
+
+1. The invariance probe of `specdec doctor --synthetic` (one real-shape layer),
+   bf16 and fp32: projections by row count, chunkings, ragged rows, a tree.
+2. End to end on the full-depth random target, greedy: speculative output
+   (ngram, the target drafting for itself, a 0.5B-shaped draft) == plain output,
+   with tokens/s, acceptance and steps.
+3. Costs: the target's forward over n new tokens (chain and tree) after a
+   512-token context, over the 1-token step; the draft's 1-token step. From
+   these the predicted speedup of each method follows (analysis/theory.py).
+
+Writes DIR/cuda_check.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from specdec.models.native import NativeRunner
+from specdec.models.native.config import DecoderConfig
+from specdec.models.native.invariance import random_decoder
+
+QWEN_1_5B = DecoderConfig(
+    model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+    num_kv_heads=2, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768,
+    tie_word_embeddings=True, qkv_bias=True)
+QWEN_0_5B = DecoderConfig(
+    model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+    num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768,
+    tie_word_embeddings=True, qkv_bias=True)
+ROWS = (1, 2, 5, 9, 16, 32, 64, 65)
+PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+          "def factorial(n):\n    if n < 2:\n        return 1\n    return n * factorial(n - 1)\n\n") * 3
+
+
+def doctor(dtype: str, out: Path, contexts: str, device: str = "cuda") -> dict:
+    """`specdec doctor --synthetic` on CUDA in a subprocess, its JSON report read back."""
+    path = out / f"doctor-{dtype}.json"
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "specdec.cli", "doctor", "--synthetic", "--device", device,
+                             "--dtype", dtype, "--quantize", "none", "--contexts", contexts, "--json", str(path)],
+                            capture_output=True, text=True, timeout=600)
+    (out / f"doctor-{dtype}.log").write_text(result.stdout + result.stderr)
+    report = json.loads(path.read_text()) if path.exists() else {"cases": []}
+    failures = [case["name"] for case in report["cases"] if not case["identical"]]
+    return {"dtype": dtype, "returncode": result.returncode, "cases": len(report["cases"]),
+            "failures": failures, "seconds": round(time.perf_counter() - started, 1),
+            "tail": result.stdout[-1500:] + result.stderr[-1500:]}
+
+
+def cuda_ms(fn, reps: int) -> float:
+    """Median milliseconds of fn() over reps, timed with CUDA events after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        if not torch.cuda.is_available():  # a CPU dry run of this script
+            started = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - started))
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def random_tree(nodes: int, generator: torch.Generator) -> torch.Tensor:
+    """[1, n, n] bool ancestor mask of a random tree in topological order (node 0 the root)."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
+    mask = torch.zeros(nodes, nodes, dtype=torch.bool)
+    for node in range(nodes):
+        ancestor = node
+        while ancestor != -1:
+            mask[node, ancestor] = True
+            ancestor = parents[ancestor]
+    return mask[None]
+
+
+@torch.inference_mode()
+def forward_costs(runner: NativeRunner, context: int, rows=ROWS, reps: int = 20) -> dict:
+    """ms of one forward over n new tokens after `context` cached ones, chain and tree."""
+    device = runner.device
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 150_000, (1, context), generator=generator)
+    runner.reset()
+    runner.forward(prompt, torch.arange(context)[None], last_n_logits=1)
+    costs = {"chain": {}, "tree": {}}
+    for n in rows:
+        ids = torch.randint(0, 150_000, (1, n), generator=generator).to(device)
+        chain_positions = torch.arange(context, context + n, device=device)[None]
+        mask = random_tree(n, generator).to(device)
+        depths = mask.sum(-1) - 1
+        tree_positions = context + depths
+
+        def chain():
+            runner.truncate([context])
+            runner.forward(ids, chain_positions)
+
+        def tree():
+            runner.truncate([context])
+            runner.forward(ids, tree_positions, among_new=mask)
+
+        costs["chain"][n] = round(cuda_ms(chain, reps), 3)
+        costs["tree"][n] = round(cuda_ms(tree, reps), 3)
+    runner.reset()
+    return costs
+
+
+def end_to_end(target: NativeRunner, draft: NativeRunner, tokenizer, new_tokens: int,
+               methods=("ngram", "lookahead", "self-draft", "draft")) -> dict:
+    """Greedy plain vs speculative on the random full-depth target: equality, tok/s, acceptance."""
+    from specdec.engine import SpecEngine
+    from specdec.proposers import DraftModelProposer, NgramProposer
+    from specdec.proposers.lookahead import LookaheadProposer
+    from specdec.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0)
+    prompt_ids = tokenizer.encode(PROMPT) if tokenizer is not None else list(range(1000, 1200))
+    self_draft = target.with_batch_size(1)
+    setups = {"plain": None, "ngram k=4": (NgramProposer(), 4), "lookahead k=4": (LookaheadProposer(), 4),
+              "self-draft k=4": (DraftModelProposer(self_draft), 4),
+              "draft 0.5B-shape k=4": (DraftModelProposer(draft), 4)}
+    setups = {name: setup for name, setup in setups.items() if setup is None or name.split(" ")[0] in methods}
+    results, reference = {}, None
+    for name, setup in setups.items():
+        proposer, k = setup if setup else (None, 4)
+        engine = SpecEngine(target, proposer, tokenizer, k=k, eos_token_ids=frozenset())
+        engine.generate(prompt_ids, params, max_new_tokens=8)  # warm-up
+        synchronize()
+        started = time.perf_counter()
+        out = engine.generate(prompt_ids, params, max_new_tokens=new_tokens)
+        synchronize()
+        seconds = time.perf_counter() - started
+        if reference is None:
+            reference = out.token_ids
+        first_diff = next((i for i, (a, b) in enumerate(zip(out.token_ids, reference)) if a != b), None)
+        results[name] = {"identical_to_plain": out.token_ids == reference, "first_difference": first_diff,
+                         "tok_per_s": round(len(out.token_ids) / seconds, 1),
+                         "acceptance": round(out.stats.acceptance_rate, 3) if proposer else None,
+                         "tau": round(out.stats.mean_accepted_length, 2)}
+    return results
+
+
+def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_tokens: int = 48,
+                         methods=("ngram", "lookahead")) -> dict:
+    """Three requests decoded side by side (BatchEngine, k=4) against each alone, greedy."""
+    from specdec.engine import SpecEngine
+    from specdec.engine.batch import BatchEngine
+    from specdec.proposers.registry import build_batch_proposer
+    from specdec.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0)
+    prompts = [tokenizer.encode(PROMPT), tokenizer.encode(PROMPT[:120]), tokenizer.encode("import os\n" * 20)]
+    alone = SpecEngine(target, None, tokenizer, eos_token_ids=frozenset())
+    expected = [alone.generate(prompt, params, max_new_tokens=new_tokens).token_ids for prompt in prompts]
+    results = {}
+    for method in methods:
+        engine = BatchEngine(target.with_batch_size(slots), build_batch_proposer(method, slots=slots), tokenizer, k=4)
+        outputs = {i: [] for i in range(len(prompts))}
+        for i, prompt in enumerate(prompts):
+            engine.add(i, engine.make_request(prompt, params, max_new_tokens=new_tokens, ignore_eos=True))
+        while engine.running:
+            for update in engine.step():
+                outputs[update.handle] += update.token_ids
+        results[method] = [outputs[i] == expected[i] for i in range(len(prompts))]
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a directory with tokenizer.json (Qwen2.5)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--contexts", default="15,17,63,65,255,257,1023,1025,4095")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu for a dry run of this script")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--skip", default="", help="comma list of sections to skip: doctor,e2e,costs")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    skip = set(args.skip.split(","))
+    device = torch.device(args.device)
+    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "cuda": torch.version.cuda}
+    print(json.dumps(report), flush=True)
+
+    def section(name, fn):
+        if name in skip:
+            return
+        started = time.perf_counter()
+        try:
+            report[name] = fn()
+        except Exception:  # noqa: BLE001 - one failing section must not cost the lease the others
+            report[name] = {"error": traceback.format_exc()[-3000:]}
+        print(f"== {name} ({time.perf_counter() - started:.0f}s)\n{json.dumps(report[name], indent=1)}", flush=True)
+        (args.out / "cuda_check.json").write_text(json.dumps(report, indent=1))
+
+    section("doctor", lambda: [doctor(dtype, args.out, args.contexts, args.device) for dtype in ("bfloat16", "float32")])
+    tokenizer = None
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
+    target = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.bfloat16, device=device), initial_cache_len=2048)
+    draft = NativeRunner(random_decoder(QWEN_0_5B, dtype=torch.bfloat16, device=device, seed=1),
+                         initial_cache_len=2048)
+    section("e2e", lambda: end_to_end(target, draft, tokenizer, args.new_tokens))
+    section("batched", lambda: batched_equals_alone(target, tokenizer))
+    # The decoder's projections keep the row_block its fixed-step runner set: an unpadded runner
+    # over it checks the fixed steps alone. Build it last (the section may be skipped).
+    unpadded = NativeRunner(target.decoder, initial_cache_len=2048, step_tokens=None)
+    section("e2e_unpadded", lambda: end_to_end(unpadded, draft, tokenizer, args.new_tokens,
+                                               methods=("lookahead", "self-draft")))
+    section("costs", lambda: {"target_1.5B_bf16_ctx512": forward_costs(target, 512, reps=args.reps),
+                              "target_unpadded_ctx512": forward_costs(unpadded, 512, rows=(1, 5, 64), reps=args.reps),
+                              "draft_0.5B_bf16_ctx512": forward_costs(draft, 512, rows=(1, 2, 5), reps=args.reps)})
+    del target, draft, unpadded
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    fp32 = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.float32, device=device), initial_cache_len=2048)
+    section("e2e_fp32", lambda: end_to_end(fp32, None, tokenizer, args.new_tokens, methods=("lookahead", "self-draft")))
+    section("batched_fp32", lambda: batched_equals_alone(fp32, tokenizer))
+    costs = report.get("costs", {}).get("target_1.5B_bf16_ctx512", {})
+    if "chain" in costs:
+        one = costs["chain"][1]
+        print("\nrows  chain ms (x step)  tree ms (x step)")
+        for n in costs["chain"]:
+            print(f"{n:>4}  {costs['chain'][n]:7.3f} ({costs['chain'][n] / one:4.2f})  "
+                  f"{costs['tree'][n]:7.3f} ({costs['tree'][n] / one:4.2f})")
+    for key in ("e2e", "e2e_unpadded", "e2e_fp32", "batched", "batched_fp32"):
+        for name, value in report.get(key, {}).items():
+            print(f"{key:<13} {name:<22} {value}")
+    for entry in report.get("doctor", []) if isinstance(report.get("doctor"), list) else []:
+        print(f"doctor {entry['dtype']}: rc {entry['returncode']}, {len(entry['failures'])}/{entry['cases']} differ"
+              f" e.g. {entry['failures'][:4]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
