@@ -192,6 +192,113 @@ def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_to
     return results
 
 
+def seeded_sampling(target: NativeRunner, tokenizer, slots: int = 3, new_tokens: int = 32) -> dict:
+    """T=0.7 with seeds: a request run twice gives the same tokens; three side by side (BatchEngine)
+    give each what it gets alone (ngram and lookahead, k=4)."""
+    from specdec.engine import SpecEngine
+    from specdec.engine.batch import BatchEngine
+    from specdec.proposers import NgramProposer
+    from specdec.proposers.lookahead import LookaheadProposer
+    from specdec.proposers.registry import build_batch_proposer
+    from specdec.sampling import SamplingParams
+
+    prompts = [tokenizer.encode(PROMPT), tokenizer.encode(PROMPT[:120]), tokenizer.encode("import os\n" * 20)]
+    results = {}
+    for method, single in (("ngram", NgramProposer), ("lookahead", LookaheadProposer)):
+        alone = SpecEngine(target, single(), tokenizer, k=4, eos_token_ids=frozenset())
+        params = [SamplingParams(temperature=0.7, seed=100 + i) for i in range(len(prompts))]
+        expected = [alone.generate(p, q, max_new_tokens=new_tokens).token_ids for p, q in zip(prompts, params)]
+        again = alone.generate(prompts[0], params[0], max_new_tokens=new_tokens).token_ids
+        engine = BatchEngine(target.with_batch_size(slots), build_batch_proposer(method, slots=slots), tokenizer, k=4)
+        outputs = {i: [] for i in range(len(prompts))}
+        for i, (prompt, param) in enumerate(zip(prompts, params)):
+            engine.add(i, engine.make_request(prompt, param, max_new_tokens=new_tokens, ignore_eos=True))
+        while engine.running:
+            for update in engine.step():
+                outputs[update.handle] += update.token_ids
+        results[method] = {"reproducible": again == expected[0],
+                           "batched_equals_alone": [outputs[i] == expected[i] for i in range(len(prompts))]}
+    return results
+
+
+def eagle3_on_device(device: torch.device) -> dict:
+    """The tiny EAGLE-3 setup of tests/proposers/test_eagle3.py on this device: train-head's
+    training loop (loss falls), then greedy chain and tree drafting with the head == plain."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import make_peaked_model
+
+    from specdec.engine import SpecEngine
+    from specdec.models.heads import FrozenVocabulary, HeadConfig, load_head
+    from specdec.models.native import NativeDecoder
+    from specdec.proposers.heads import EagleProposer
+    from specdec.sampling import SamplingParams
+    from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
+
+    model = make_peaked_model(seed=3, layers=4)
+    decoder = NativeDecoder.from_state_dict(DecoderConfig.from_hf(model.config.to_dict()), dict(model.state_dict()),
+                                            dtype=torch.float32, device=device)
+    target = NativeRunner(decoder)
+    vocab = FrozenVocabulary(model.get_input_embeddings().weight.detach().to(device),
+                             model.get_output_embeddings().weight.detach().to(device),
+                             torch.arange(model.config.vocab_size, device=device))
+    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    chunks = []
+    for index in range(40):
+        start = [2 + index % 30, 2 + (index * 7) % 30]
+        chunks.append(start + plain.generate(start, SamplingParams(temperature=0.7, seed=index),
+                                             max_new_tokens=38).token_ids)
+    folder = Path(tempfile.mkdtemp())
+    tokens, features, aux = load_features(extract_features(target, chunks, folder, progress=False, aux_layers=[1, 2, 3]))
+    config = HeadConfig.for_target("eagle3", decoder.config, aux_layers=[1, 2, 3])
+    options = TrainOptions(steps=80, lr=1e-2, warmup=5, checkpoint_every=80, heldout_windows=6, ttt_steps=3)
+    started = time.perf_counter()
+    extra = train_head(config, vocab, tokens, features, folder / "eagle3.safetensors", options, device=device,
+                       progress=False, log=lambda message: None, aux=aux)
+    seconds = time.perf_counter() - started
+    losses = [row["loss"] for row in extra["history"]]
+    head = load_head(folder / "eagle3.safetensors", device=device)
+    result = {"train_seconds": round(seconds, 1), "loss_first5": round(sum(losses[:5]) / 5, 3),
+              "loss_last10": round(sum(losses[-10:]) / 10, 3), "accuracies": head.config.accuracies}
+    for tree in (False, True):
+        proposer = EagleProposer(head.module, vocab, tree_size=8 if tree else 0, tree_topk=3)
+        spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
+        same, accepted = [], 0
+        for prompt in ([5, 9, 12, 3, 7], [20, 21, 22, 23], [2, 8, 8, 8, 30, 31, 2]):
+            out = spec.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40)
+            same.append(out.token_ids == plain.generate(prompt, SamplingParams(temperature=0),
+                                                        max_new_tokens=40).token_ids)
+            accepted += out.stats.accepted_tokens
+        result["tree" if tree else "chain"] = {"identical_to_plain": same, "accepted": accepted}
+    return result
+
+
+def random_models(args, report, section, tokenizer, device) -> None:
+    """The sections on random-weight decoders of the real shapes."""
+    target = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.bfloat16, device=device), initial_cache_len=2048)
+    draft = NativeRunner(random_decoder(QWEN_0_5B, dtype=torch.bfloat16, device=device, seed=1),
+                         initial_cache_len=2048)
+    section("sampling", lambda: seeded_sampling(target, tokenizer))
+    section("e2e", lambda: end_to_end(target, draft, tokenizer, args.new_tokens))
+    section("batched", lambda: batched_equals_alone(target, tokenizer))
+    # The decoder's projections keep the row_block its fixed-step runner set: an unpadded runner
+    # over it checks the fixed steps alone. Build it last (the section may be skipped).
+    unpadded = NativeRunner(target.decoder, initial_cache_len=2048, step_tokens=None)
+    section("e2e_unpadded", lambda: end_to_end(unpadded, draft, tokenizer, args.new_tokens,
+                                               methods=("lookahead", "self-draft")))
+    section("costs", lambda: {"target_1.5B_bf16_ctx512": forward_costs(target, 512, reps=args.reps),
+                              "target_unpadded_ctx512": forward_costs(unpadded, 512, rows=(1, 5, 64), reps=args.reps),
+                              "draft_0.5B_bf16_ctx512": forward_costs(draft, 512, rows=(1, 2, 5), reps=args.reps)})
+    del target, draft, unpadded
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    if {"e2e_fp32", "batched_fp32"} <= set(args.skip.split(",")):
+        return
+    fp32 = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.float32, device=device), initial_cache_len=2048)
+    section("e2e_fp32", lambda: end_to_end(fp32, None, tokenizer, args.new_tokens, methods=("lookahead", "self-draft")))
+    section("batched_fp32", lambda: batched_equals_alone(fp32, tokenizer))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -200,7 +307,8 @@ def main() -> int:
     parser.add_argument("--contexts", default="15,17,63,65,255,257,1023,1025,4095")
     parser.add_argument("--device", default="cuda", help="cuda; cpu for a dry run of this script")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--skip", default="", help="comma list of sections to skip: doctor,e2e,costs")
+    parser.add_argument("--skip", default="", help="comma list of sections to skip: doctor, eagle3, sampling, "
+                        "e2e, batched, e2e_unpadded, costs, e2e_fp32, batched_fp32")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(args.skip.split(","))
@@ -226,24 +334,9 @@ def main() -> int:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
-    target = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.bfloat16, device=device), initial_cache_len=2048)
-    draft = NativeRunner(random_decoder(QWEN_0_5B, dtype=torch.bfloat16, device=device, seed=1),
-                         initial_cache_len=2048)
-    section("e2e", lambda: end_to_end(target, draft, tokenizer, args.new_tokens))
-    section("batched", lambda: batched_equals_alone(target, tokenizer))
-    # The decoder's projections keep the row_block its fixed-step runner set: an unpadded runner
-    # over it checks the fixed steps alone. Build it last (the section may be skipped).
-    unpadded = NativeRunner(target.decoder, initial_cache_len=2048, step_tokens=None)
-    section("e2e_unpadded", lambda: end_to_end(unpadded, draft, tokenizer, args.new_tokens,
-                                               methods=("lookahead", "self-draft")))
-    section("costs", lambda: {"target_1.5B_bf16_ctx512": forward_costs(target, 512, reps=args.reps),
-                              "target_unpadded_ctx512": forward_costs(unpadded, 512, rows=(1, 5, 64), reps=args.reps),
-                              "draft_0.5B_bf16_ctx512": forward_costs(draft, 512, rows=(1, 2, 5), reps=args.reps)})
-    del target, draft, unpadded
-    torch.cuda.empty_cache() if device.type == "cuda" else None
-    fp32 = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.float32, device=device), initial_cache_len=2048)
-    section("e2e_fp32", lambda: end_to_end(fp32, None, tokenizer, args.new_tokens, methods=("lookahead", "self-draft")))
-    section("batched_fp32", lambda: batched_equals_alone(fp32, tokenizer))
+    section("eagle3", lambda: eagle3_on_device(device))
+    if not {"sampling", "e2e", "batched", "e2e_unpadded", "costs", "e2e_fp32", "batched_fp32"} <= skip:
+        random_models(args, report, section, tokenizer, device)
     costs = report.get("costs", {}).get("target_1.5B_bf16_ctx512", {})
     if "chain" in costs:
         one = costs["chain"][1]
@@ -251,7 +344,7 @@ def main() -> int:
         for n in costs["chain"]:
             print(f"{n:>4}  {costs['chain'][n]:7.3f} ({costs['chain'][n] / one:4.2f})  "
                   f"{costs['tree'][n]:7.3f} ({costs['tree'][n] / one:4.2f})")
-    for key in ("e2e", "e2e_unpadded", "e2e_fp32", "batched", "batched_fp32"):
+    for key in ("e2e", "e2e_unpadded", "e2e_fp32", "batched", "batched_fp32", "sampling", "eagle3"):
         for name, value in report.get(key, {}).items():
             print(f"{key:<13} {name:<22} {value}")
     for entry in report.get("doctor", []) if isinstance(report.get("doctor"), list) else []:
