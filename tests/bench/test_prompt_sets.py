@@ -36,6 +36,19 @@ def test_the_agentic_suite_is_series_of_requests_over_shared_artefacts():
     assert len({p.question_id for p in prompts}) == len(prompts)
 
 
+def test_the_agent_loops_are_20_requests_over_one_artefact_each_in_order():
+    prompts = load_prompts(["agent-loop"], None)
+    assert [p.category for p in prompts] == ["sql-loop"] * 20 + ["tool-loop"] * 20
+    agentic = load_prompts(["agentic"], None)
+    for category, loop in (("sql", "sql-loop"), ("tool-call", "tool-loop")):
+        suite = [p.turns for p in agentic if p.category == category]
+        looped = [p.turns for p in prompts if p.category == loop]
+        assert looped[:4] == suite  # the suite's requests open the loop
+        assert len({turns[0].rsplit("\n", 1)[1] for turns in looped}) == 20  # 20 different requests
+        assert len({turns[0].rsplit("\n", 1)[0] for turns in looped}) == 1  # one schema or tool
+    assert len({p.question_id for p in prompts}) == 40
+
+
 def test_select_spreads_over_a_category():
     prompts = [BenchPrompt(f"q{i}", "c" if i < 8 else "d", ("x",)) for i in range(10)]
     assert [p.question_id for p in select(prompts, 2)] == ["q0", "q4", "q8", "q9"]

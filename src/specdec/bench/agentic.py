@@ -10,6 +10,9 @@ with `specdec bench --prompts agentic --stream` so cross-request caches count as
   tool-call    one tool schema, several user requests, each answered with one JSON call
   sql          one database schema, several questions, each answered with one SQL query
   log-summary  service logs summarised into the same report layout, one log per request
+
+The agent-loop set (`--prompts agent-loop --per-category 20 --stream`) is two longer loops, 20
+requests each: SQL over one schema (sql-loop), then one tool's calls (tool-loop).
 """
 
 from __future__ import annotations
@@ -125,14 +128,68 @@ _LOG_FORMAT = ("Summarise these service logs as a report with exactly these sect
                "Use one bullet per finding and quote the request ids or job names.\n\nLogs:\n")
 
 
+# The agent loops: one artefact, 20 requests in a row (the first four of each are the suite's own).
+# An agent's queries and calls repeat each other's structure (the join chain through order_items,
+# the call's JSON skeleton) more than they repeat their prompt: what a cache of earlier outputs
+# (suffix decoding's global tree) can draft and prompt lookup cannot.
+_SQL_LOOP = _SQL_QUESTIONS + (
+    "What is the average order value per country in 2023?",
+    "Which customers placed more than 3 orders in 2023?",
+    "What are the 10 best-selling products by quantity, with their category?",
+    "What was the monthly revenue in 2023, in month order?",
+    "Which customers have orders with status 'cancelled' but never one with status 'delivered'?",
+    "What is the total revenue per customer country for delivered orders?",
+    "For each product category, which product has the highest revenue?",
+    "How many distinct customers bought something in each month of 2023?",
+    "Which orders contain more than 5 different products?",
+    "What is the revenue of each product in 2024 so far, highest first?",
+    "Which customers signed up in 2023 but never placed an order?",
+    "What share of all revenue comes from the 'electronics' category?",
+    "What is the average number of items per order for each order status?",
+    "Which customers from France bought products from more than 2 categories?",
+    "What is the first order date and the last order date of every customer?",
+    "Which 3 countries had the most delivered orders in 2023?",
+)
+_TOOL_LOOP = _TOOL_REQUESTS + (
+    "Schedule a 15-minute stand-up on 2024-05-15 at 09:00 with dev-team@example.com, location Zoom.",
+    "Put a two-hour workshop on 2024-05-22 at 13:00 with kim@example.com and omar@example.com in Room 2.",
+    "Add lunch with julia@example.com on 2024-05-17 at 12:30 for one hour at Cafe Nord.",
+    "Create a 90-minute planning session on 2024-05-21 at 10:00 with pm@example.com in the Studio.",
+    "Book a 30-minute call with legal@example.com on 2024-05-23 at 15:00, location Phone.",
+    "Set up a one-hour interview on 2024-05-24 at 11:00 with hr@example.com and cto@example.com in Room 4.",
+    "I need a 20-minute check-in with sam@example.com on 2024-05-27 at 08:40 in Room 1.",
+    "Add a three-hour offsite on 2024-06-05 at 09:00 with team@example.com at the Lake House.",
+    "Schedule a 45-minute demo on 2024-05-28 at 16:00 with client@example.com, location Zoom.",
+    "Create a one-hour retrospective on 2024-05-31 at 14:00 with dev-team@example.com in the Studio.",
+    "Book a 30-minute budget review on 2024-06-04 at 10:30 with cfo@example.com in the Board Room.",
+    "Put a one-hour mentoring session on 2024-06-06 at 17:00 with ana@example.com at Cafe Nord.",
+    "Add a 15-minute sync on 2024-06-07 at 09:15 with raj@example.com, location Phone.",
+    "Set up a two-hour training on 2024-06-10 at 13:30 with new-hires@example.com in Room 2.",
+    "Schedule a one-hour vendor meeting on 2024-06-11 at 11:00 with sales@vendor.example in Room 3.",
+    "I need a 50-minute yoga class on 2024-06-12 at 18:00 at the Gym, no attendees.",
+)
+
+
+def _tool_prompt(request: str) -> str:
+    return ("You can call this tool:\n\n" + _TOOL + "\n\nReply with exactly one JSON object "
+            "{\"name\": ..., \"arguments\": {...}} and nothing else.\n\nUser: " + request)
+
+
+def _sql_prompt(question: str) -> str:
+    return ("Database schema (PostgreSQL):\n\n" + _SCHEMA + "\n\nWrite one SQL query that answers "
+            "the question. Reply with the query in a ```sql block and nothing else.\n\nQuestion: " + question)
+
+
+def agent_loop_prompts() -> list[tuple[str, tuple[str, ...]]]:
+    """Two agent loops of 20 requests each: SQL over one schema, then calls of one tool."""
+    return ([("sql-loop", (_sql_prompt(question),)) for question in _SQL_LOOP]
+            + [("tool-loop", (_tool_prompt(request),)) for request in _TOOL_LOOP])
+
+
 def agentic_prompts() -> list[tuple[str, tuple[str, ...]]]:
     """(category, turns) in the order a stream runs them."""
     prompts: list[tuple[str, tuple[str, ...]]] = [("multi-edit", _EDIT_TURNS)]
-    prompts += [("tool-call", ("You can call this tool:\n\n" + _TOOL + "\n\nReply with exactly one JSON object "
-                               "{\"name\": ..., \"arguments\": {...}} and nothing else.\n\nUser: " + request,))
-                for request in _TOOL_REQUESTS]
-    prompts += [("sql", ("Database schema (PostgreSQL):\n\n" + _SCHEMA + "\n\nWrite one SQL query that answers "
-                         "the question. Reply with the query in a ```sql block and nothing else.\n\nQuestion: "
-                         + question,)) for question in _SQL_QUESTIONS]
+    prompts += [("tool-call", (_tool_prompt(request),)) for request in _TOOL_REQUESTS]
+    prompts += [("sql", (_sql_prompt(question),)) for question in _SQL_QUESTIONS]
     prompts += [("log-summary", (_LOG_FORMAT + logs,)) for logs in _LOGS]
     return prompts

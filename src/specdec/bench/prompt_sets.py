@@ -11,6 +11,7 @@ Sources (Spec-Bench, Xia et al. 2024, arXiv 2401.07851, groups tasks the same wa
   free, code the open-generation and write-a-function suites of bench/suites.py;
   agentic    repetitive series of requests (multi-turn edits of one file, tool calls with one
              schema, SQL over one schema, log summaries): bench/agentic.py, run with --stream;
+  agent-loop two agent loops of 20 requests: SQL over one schema, calls of one tool (--stream);
   a path     your own JSONL, one {"question_id", "category", "turns": [...]} per line.
 
 Both packages carry only data here:
@@ -158,15 +159,16 @@ def _numbered(prefix: str, pairs: list[tuple[str, str]]) -> list[BenchPrompt]:
     return prompts
 
 
-def agentic() -> list[BenchPrompt]:
-    """bench/agentic.py's series of repetitive requests (run with --stream)."""
-    from specdec.bench.agentic import agentic_prompts
+def agentic(name: str = "agentic") -> list[BenchPrompt]:
+    """bench/agentic.py's series of repetitive requests (run with --stream); name "agent-loop":
+    its two 20-request loops."""
+    from specdec.bench.agentic import agent_loop_prompts, agentic_prompts
 
     counts: dict[str, int] = {}
     prompts = []
-    for category, turns in agentic_prompts():
+    for category, turns in (agentic_prompts() if name == "agentic" else agent_loop_prompts()):
         counts[category] = counts.get(category, 0) + 1
-        prompts.append(BenchPrompt(f"agentic/{category}-{counts[category]}", category, turns))
+        prompts.append(BenchPrompt(f"{name}/{category}-{counts[category]}", category, turns))
     return prompts
 
 
@@ -177,6 +179,7 @@ PROMPT_SETS = {
     "free": lambda: _numbered("free", SUITES["free"]),
     "code": lambda: _numbered("code", SUITES["code"]),
     "agentic": agentic,
+    "agent-loop": lambda: agentic("agent-loop"),
 }
 DEFAULT_SETS = ("humaneval", "mt-bench", "specdec")
 
