@@ -159,7 +159,8 @@ def run_prompt(engine: SpecEngine, prompt: BenchPrompt, params: SamplingParams, 
         messages.append({"role": "assistant", "content": result.text})
         stats = result.stats
         turns.append(dict(
-            prompt_tokens=stats.prompt_tokens, tokens=stats.generated_tokens, seconds=stats.total_time_s,
+            prompt_tokens=stats.prompt_tokens, prompt_tokens_reused=stats.prompt_tokens_reused,
+            tokens=stats.generated_tokens, seconds=stats.total_time_s,
             prefill_seconds=stats.prefill_time_s, decode_seconds=stats.decode_time_s,
             first_token_seconds=stats.first_token_s,
             target_forwards=stats.target_forwards, drafted_tokens=stats.drafted_tokens,

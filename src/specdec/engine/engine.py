@@ -202,6 +202,7 @@ class SpecEngine:
         k: int | str = 4,
         eos_token_ids: frozenset[int] | None = None,
         max_k: int = 8,
+        reuse_prefix: bool = True,
     ) -> None:
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
@@ -214,6 +215,15 @@ class SpecEngine:
         # The target's features not yet handed to a proposer that reads them ([1, n, H]).
         self._keeps_hidden = bool(getattr(proposer, "reads_target_hidden", False))
         self._pending_hidden: torch.Tensor | None = None
+        # Prompt caching across requests (what llama-server's cache_prompt and vLLM's prefix caching
+        # do): the target's cache still holds the last request's prompt and answer, so a prompt that
+        # starts the same (a system prompt, a tool schema, the conversation so far) prefills only
+        # the rest. Exact wherever a forward in pieces equals one forward (the native runner's
+        # chunking invariance; not the transformers backend). Heads need the target's features of
+        # every prompt token, so they prefill afresh.
+        self.reuse_prefix = (reuse_prefix and not self._keeps_hidden
+                             and bool(getattr(target, "exact_prefix_reuse", False)))
+        self._cached: tuple[int, list[int]] | None = None  # (the runner's cache_version, the ids cached)
 
     # ---- input edge -------------------------------------------------------------------------
 
@@ -327,7 +337,7 @@ class SpecEngine:
             self.proposer.reset()
         if self.adaptive is not None:
             self.adaptive.start_request()
-        self._prefill(tokens)
+        stats.prompt_tokens_reused = self._prefill(tokens)
         stats.prefill_time_s = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -353,10 +363,14 @@ class SpecEngine:
                 stats.first_token_s = time.perf_counter() - request_started
             yield kept
         self._end_request(request)
+        if self.reuse_prefix:  # the cache holds the committed tokens' keys up to its length
+            cached = min(self.target.seq_len, tokens.shape[1])
+            self._cached = (self.target.cache_version, tokens[0, :cached].tolist())
 
     def forget_earlier_requests(self) -> None:
         """Empty what the proposer learned from earlier requests (suffix decoding's cache), so the
         next request runs as if it were the first (the bench measures requests alone this way)."""
+        self._cached = None
         forget = getattr(self.proposer, "forget_earlier_requests", None)
         if forget is not None:
             forget()
@@ -377,16 +391,36 @@ class SpecEngine:
         unread = getattr(self.proposer, "unread_tokens", None)
         return 0 if unread is None else unread(context_len)
 
-    def _prefill(self, tokens: torch.Tensor) -> None:  # [1, L]
-        """A fresh target cache holding every token but the last, which opens the first step."""
-        self.target.reset()
+    def _prefill(self, tokens: torch.Tensor) -> int:  # [1, L]
+        """A target cache holding every token but the last, which opens the first step; returns how
+        many of them the last request left cached (reuse_prefix), which are not read again."""
+        reused = self._reusable_prefix(tokens)
+        if reused:
+            self.target.truncate([reused])
+        else:
+            self.target.reset()
+        self._cached = None
         self._pending_hidden = None
         if self._keeps_hidden:
             select_target_features(self.target, getattr(self.proposer, "target_layers", ()))
-        if tokens.shape[1] > 1:
-            positions = torch.arange(tokens.shape[1] - 1, device=tokens.device)[None]
-            output = self.target.forward(tokens[:, :-1], positions, last_n_logits=1)
+        if tokens.shape[1] - 1 > reused:
+            positions = torch.arange(reused, tokens.shape[1] - 1, device=tokens.device)[None]
+            output = self.target.forward(tokens[:, reused:-1], positions, last_n_logits=1)
             self._keep_hidden(output.hidden, None)
+        return reused
+
+    def _reusable_prefix(self, tokens: torch.Tensor) -> int:
+        """Leading prompt tokens (all but the last) whose keys the target's cache holds from the
+        last request, untouched since: the common prefix of the two token lists."""
+        if not self.reuse_prefix or self._cached is None or self._cached[0] != self.target.cache_version:
+            return 0
+        cached, prompt = self._cached[1], tokens[0, :-1].tolist()
+        common = 0
+        for a, b in zip(cached, prompt):
+            if a != b:
+                break
+            common += 1
+        return common
 
     def _keep_hidden(self, hidden: torch.Tensor | None, inputs: list[int] | None) -> None:
         """Queue the target's features of the committed inputs (None = all) for the proposer."""

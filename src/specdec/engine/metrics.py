@@ -14,6 +14,7 @@ class RequestStats:
     """
 
     prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0  # of them, cached by the previous request (SpecEngine.reuse_prefix)
     generated_tokens: int = 0
     target_forwards: int = 0  # decode steps; the prefill pass is not counted
     drafted_tokens: int = 0
@@ -39,8 +40,8 @@ class RequestStats:
     def merge(self, other: RequestStats) -> None:
         """Add another request's counts (the server's n > 1 choices of one prompt: their totals).
         Times add up too: the total is the compute spent, not the wall time the client waited."""
-        for name in ("prompt_tokens", "generated_tokens", "target_forwards", "drafted_tokens", "accepted_tokens",
-                     "prefill_time_s", "decode_time_s"):
+        for name in ("prompt_tokens", "prompt_tokens_reused", "generated_tokens", "target_forwards", "drafted_tokens",
+                     "accepted_tokens", "prefill_time_s", "decode_time_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_per_step += other.accepted_per_step
         for mine, theirs in ((self.drafted_per_position, other.drafted_per_position),

@@ -58,6 +58,9 @@ class NativeRunner:
                                         or step_tokens < 1):
             raise ValueError(f"step_tokens must be an integer >= 1, None or 'auto', got {step_tokens!r}")
         self.step_tokens = step_tokens
+        # Bumped by everything that changes the cache: SpecEngine reuses a cached prompt prefix only
+        # while the version is the one its last request left (no one else used the runner since).
+        self.cache_version = 0
         if step_tokens is not None:  # the batched step's GEMMs in blocks of one row's step (DenseLinear)
             for module in decoder.modules():
                 if isinstance(module, DenseLinear):
@@ -117,6 +120,7 @@ class NativeRunner:
         valid: torch.Tensor | None = None,  # [B, T] bool: a ragged batch's real tokens (None: all)
     ) -> ForwardOutput:
         cache = self._cache_rows(rows)
+        self.cache_version += 1
         if token_ids.shape[0] != len(cache.seq_lens):
             raise ValueError(f"this forward covers {len(cache.seq_lens)} cache rows, got {token_ids.shape[0]} rows")
         token_ids, positions = token_ids.to(self.device), positions.to(self.device)
@@ -185,7 +189,14 @@ class NativeRunner:
                             torch.cat([hidden for _, hidden in steps], dim=1)))
         return torch.cat([logits for logits, _ in per_row]), torch.cat([hidden for _, hidden in per_row])
 
+    @property
+    def exact_prefix_reuse(self) -> bool:
+        """Whether keeping cached tokens and feeding only the rest gives what one fresh forward
+        would (chunking invariance, DESIGN.md): not on the safe path, whose probe failed."""
+        return not self.one_token_per_call
+
     def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None:
+        self.cache_version += 1
         cache = self._cache_rows(rows)
         lengths = [int(n) for n in torch.as_tensor(seq_lens).reshape(-1).tolist()]
         if len(lengths) == 1 and len(cache.seq_lens) > 1:
@@ -201,10 +212,12 @@ class NativeRunner:
         row: the cache row (None: the only one)."""
         if row is None and self.batch_size != 1:
             raise ValueError("name the row whose tree to keep: this runner holds several")
+        self.cache_version += 1
         self.cache.keep_path(0 if row is None else row, start, offsets)
 
     @torch.inference_mode()
     def move_row(self, source: int, destination: int) -> None:
+        self.cache_version += 1
         self.cache.move_row(source, destination)
 
     def _cache_rows(self, rows: slice | None):
@@ -216,4 +229,5 @@ class NativeRunner:
         return self.cache.rows(start, stop)
 
     def reset(self) -> None:
+        self.cache_version += 1
         self.cache.reset()
