@@ -92,14 +92,10 @@ def synchronize() -> None:
 
 def random_tree(nodes: int, generator: torch.Generator) -> torch.Tensor:
     """[1, n, n] bool ancestor mask of a random tree in topological order (node 0 the root)."""
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
-    mask = torch.zeros(nodes, nodes, dtype=torch.bool)
-    for node in range(nodes):
-        ancestor = node
-        while ancestor != -1:
-            mask[node, ancestor] = True
-            ancestor = parents[ancestor]
-    return mask[None]
+    from specdec.sampling.tree import tree_attention_mask
+
+    parents = [int(torch.randint(0, i, (1,), generator=generator)) - 1 for i in range(1, nodes)]  # -1: the root
+    return tree_attention_mask(parents)[None]
 
 
 @torch.inference_mode()

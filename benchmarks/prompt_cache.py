@@ -58,6 +58,8 @@ def main() -> int:
     for method in args.methods.split(","):
         engine = (plain_engine(target) if method == "autoregressive"
                   else engine_for(SpecConfig(method=method, k="auto").resolved("cpu"), target))
+        if not engine.reuse_prefix:  # set at construction only where reuse is exact
+            raise SystemExit(f"{method}: this engine cannot reuse prompts exactly (see SpecEngine.reuse_prefix)")
         runs = {False: [], True: []}
         for repeat in range(args.repeats):
             for reuse in (False, True):

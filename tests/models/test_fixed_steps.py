@@ -19,6 +19,7 @@ from specdec.proposers import DraftModelProposer, NgramProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.registry import build_batch_proposer
 from specdec.sampling import SamplingParams
+from specdec.sampling.tree import tree_attention_mask
 
 STEP = 16
 
@@ -29,16 +30,8 @@ def model():
 
 
 def _tree(nodes: int) -> torch.Tensor:
-    """[1, n, n] ancestor mask of a tree where node i's parent is (i - 1) // 2."""
-    mask = torch.zeros(nodes, nodes, dtype=torch.bool)
-    for node in range(nodes):
-        ancestor = node
-        while True:
-            mask[node, ancestor] = True
-            if ancestor == 0:
-                break
-            ancestor = (ancestor - 1) // 2
-    return mask[None]
+    """[1, n, n] ancestor mask of a tree where node i's parent is (i - 1) // 2 (node 0 the root)."""
+    return tree_attention_mask([(i - 1) // 2 - 1 for i in range(1, nodes)])[None]  # drafts' parents; -1: the root
 
 
 def test_cpu_runners_do_not_pad_and_cuda_runners_do(model):

@@ -148,7 +148,8 @@ class NativeRunner:
         step, total = self.step_tokens, token_ids.shape[1]
         if total > step and among_new is None:
             pieces = [self._fixed_steps(token_ids[:, start:start + step], positions[:, start:start + step], cache,
-                                        None, None) for start in range(0, total, step)]
+                                        None, last_n_logits) for start in range(0, total, step)]
+            # With last_n_logits (a prefill) each piece hands back only its last rows: never a whole prompt's logits.
             logits, hidden = torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
             return (logits[:, -last_n_logits:] if last_n_logits else logits), hidden
         width = -(-total // step) * step
