@@ -7,11 +7,22 @@ k+1 rows. Speculation pays when the 5- and 9-row columns stay close to the 1-row
 Calls cycle through four copies of the matrix (more bytes than a CPU's last-level
 cache), so the weights come from memory as in a real forward, not from cache.
 
+--layers times what a step really runs: the target's four w4a8 projections (q/k/v, o,
+gate/up, down) of 8 random-weight layers in order (~230 MB, past any last-level cache),
+at 1..17 rows, interleaved over 12 passes; the median per projection, a layer's sum, and
+the bytes per second that sum reads.
+
+--head times the w4a8 target's output head (151936 x 1536 in w8a8) on specdec's kernel
+(kernels/w8a8.cpp) and on oneDNN's qlinear, interleaved, at 1..17 rows; both give the same bits.
+
   python benchmarks/native_kernels.py
+  python benchmarks/native_kernels.py --layers
+  python benchmarks/native_kernels.py --head
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -38,7 +49,84 @@ def time_call(fns, x, repeats: int = 40) -> float:
     return statistics.median(times) * 1e3
 
 
+# Qwen2.5-Coder-1.5B's projections, [out, in]: q/k/v fused, o, gate/up fused, down.
+LAYER_SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}
+LAYER_ROWS = (1, 2, 5, 9, 17)
+
+
+def time_layers(layers: int = 8, passes: int = 12) -> list[dict]:
+    """Per-projection median microseconds of w4a8 calls over `layers` layers' weights, in a step's order."""
+    from specdec.models.native.w4a8 import W4A8Linear
+
+    torch.manual_seed(0)
+    stack = [{name: W4A8Linear(torch.randn(*shape) * 0.02, None, torch.bfloat16) for name, shape in LAYER_SHAPES.items()}
+             for _ in range(layers)]
+    layer_bytes = sum(m.packed.numel() + 2 * m.scales.numel() * 2 for m in stack[0].values())
+    inputs = {(rows, name): torch.randn(rows, shape[1]).bfloat16() for rows in LAYER_ROWS
+              for name, shape in LAYER_SHAPES.items()}
+    times = {key: [] for key in inputs}
+    with torch.inference_mode():
+        for _ in range(passes):
+            for rows in LAYER_ROWS:
+                for layer in stack:
+                    for name, module in layer.items():
+                        started = time.perf_counter()
+                        module(inputs[(rows, name)])
+                        times[(rows, name)].append(time.perf_counter() - started)
+    results = []
+    print(f"{'rows':>4}" + "".join(f"{name:>10}" for name in LAYER_SHAPES) + f"{'layer us':>10}{'GB/s':>7}")
+    for rows in LAYER_ROWS:
+        per = {name: statistics.median(times[(rows, name)]) * 1e6 for name in LAYER_SHAPES}
+        layer_us = sum(per.values())
+        results.append(dict(rows=rows, us=per, layer_us=layer_us, gb_per_s=layer_bytes / layer_us / 1e3))
+        print(f"{rows:>4}" + "".join(f"{t:>10.1f}" for t in per.values()) + f"{layer_us:>10.1f}"
+              f"{layer_bytes / layer_us / 1e3:>7.1f}", flush=True)
+    return results
+
+
+def time_head(passes: int = 9) -> list[dict]:
+    """Median ms of the output head in w8a8 on each kernel, rows interleaved; asserts equal bits."""
+    from specdec.models.native.linear import W8A8Linear
+
+    torch.manual_seed(0)
+    weight = torch.randn(151936, 1536) * 0.02
+    heads = {kernel: W8A8Linear(weight, None, torch.bfloat16, kernel=kernel) for kernel in ("onednn", "specdec")}
+    megabytes = weight.numel() / 1e6
+    del weight
+    times = {(kernel, rows): [] for kernel in heads for rows in LAYER_ROWS}
+    with torch.inference_mode():
+        for _ in range(passes):
+            for rows in LAYER_ROWS:
+                x = torch.randn(rows, 1536).bfloat16()
+                outputs = []
+                for kernel, head in heads.items():
+                    started = time.perf_counter()
+                    outputs.append(head(x))
+                    times[(kernel, rows)].append(time.perf_counter() - started)
+                assert torch.equal(*outputs), "the two kernels must give the same bits"
+    results = []
+    print(f"{'rows':>4}{'oneDNN ms':>11}{'GB/s':>7}{'specdec ms':>12}{'GB/s':>7}")
+    for rows in LAYER_ROWS:
+        onednn, ours = (statistics.median(times[(kernel, rows)]) * 1e3 for kernel in heads)
+        results.append(dict(rows=rows, onednn_ms=onednn, specdec_ms=ours, megabytes=megabytes))
+        print(f"{rows:>4}{onednn:>11.2f}{megabytes / onednn:>7.1f}{ours:>12.2f}{megabytes / ours:>7.1f}",
+              flush=True)
+    return results
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", action="store_true", help="time the target's w4a8 projections layer by layer")
+    parser.add_argument("--head", action="store_true", help="time the w8a8 output head on both kernels")
+    parser.add_argument("--json", default=None, help="where to write the results (default: benchmarks/results/"
+                        "native_kernels.json, native_kernels_layers.json or native_kernels_head.json)")
+    args = parser.parse_args()
+    if args.layers or args.head:
+        results = time_layers() if args.layers else time_head()
+        path = Path(args.json or f"benchmarks/results/native_kernels_{'layers' if args.layers else 'head'}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1))
+        return
     torch.manual_seed(0)
     weight = torch.randn(17920, 1536) * 0.02
     cpu = torch.device("cpu")
@@ -69,8 +157,9 @@ def main() -> None:
             megabytes = weight.numel() * bytes_per_weight / 1e6
             results.append(dict(format=name, ms=dict(zip(map(str, ROWS), times)), weight_mb=megabytes))
             print(f"{name:<30}" + "".join(f"{t:>10.2f}" for t in times) + f"{megabytes:>9.0f}", flush=True)
-    Path("benchmarks/results").mkdir(parents=True, exist_ok=True)
-    Path("benchmarks/results/native_kernels.json").write_text(json.dumps(results, indent=1))
+    path = Path(args.json or "benchmarks/results/native_kernels.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

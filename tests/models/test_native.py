@@ -178,6 +178,31 @@ def test_w8a8_linear_is_its_integer_law_and_row_invariant():
     assert (linear.dequantized() - weight).abs().max() <= weight.abs().max() / 127 * 0.5 + 1e-5
 
 
+@pytest.mark.skipif(not W8A8_HERE, reason="w8a8 needs VNNI or AMX; the test above checks the refusal")
+def test_w8a8_specdec_kernel_gives_onednn_bits_on_every_path():
+    """kernels/w8a8.cpp against oneDNN's qlinear: the same integer sums, the same two roundings.
+    Outputs not a multiple of 16 (200: padded), 1..17 rows, a bias, and the largest sums (every
+    weight and activation at +-127, where a u8 x s8 pair would saturate vpmaddubsw's int16)."""
+    from specdec.models.native.linear import W8A8_VNNI_PATH
+
+    generator = torch.Generator().manual_seed(7)
+    weight, bias = torch.randn(200, 96, generator=generator), torch.randn(200, generator=generator)
+    x = torch.randn(17, 96, generator=generator) * torch.linspace(0.01, 30, 96)
+    ours, onednn = (W8A8Linear(weight, bias, torch.float32, kernel=kernel) for kernel in ("specdec", "onednn"))
+    assert ours.own_kernel and not onednn.own_kernel
+    for rows in (1, 2, 5, 9, 17):
+        assert torch.equal(ours(x[:rows]), onednn(x[:rows])), rows
+    scalar = torch.ops.specdec_w8a8.linear(x, ours.packed_weight, ours.weight_sums, ours.scales, ours.bias, 0)
+    assert torch.equal(scalar[:, :200], ours(x)) and W8A8_VNNI_PATH != 0
+    extremes = torch.tensor([1.0, -1.0]).repeat(48)  # [96]: every |weight| and |activation| quantizes to 127
+    for sign in (1, -1):
+        big_ours, big_onednn = (W8A8Linear(extremes.expand(32, 96) * sign, None, torch.float32, kernel=kernel)
+                                for kernel in ("specdec", "onednn"))
+        rows = torch.stack([extremes, -extremes, extremes.abs()])
+        assert torch.equal(big_ours(rows), big_onednn(rows))
+        assert big_ours(rows)[0, 0].item() == pytest.approx(96.0 * sign)
+
+
 def test_w8a8_refuses_cuda_and_paths_that_saturate():
     with pytest.raises(ValueError, match="CPU"):
         make_linear(torch.randn(8, 8), None, dtype=torch.float32, device=torch.device("cuda"), quantize="w8a8")

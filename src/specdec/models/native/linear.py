@@ -25,9 +25,11 @@ import torch
 from torch import nn
 
 from specdec.models.cpu_features import int8_dot_exact, onednn_bf16_usable
+from specdec.models.native import kernels
 
 QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
 INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantized with
+W8A8_VNNI_PATH = 3  # kernels/w8a8.cpp's VNNI path (0: its scalar reference); W8A8Linear needs VNNI anyway
 
 
 def batch_invariant(x: torch.Tensor, out_features: int, project) -> torch.Tensor:  # [..., K] -> [..., N]
@@ -174,45 +176,72 @@ class Int4Linear(nn.Module):
 
 class W8A8Linear(nn.Module):
     """int8 weights (symmetric, one scale per output channel) times int8 activations (one scale per
-    row, computed on the fly), accumulated exactly in int32 by oneDNN's u8 x s8 kernels.
+    row, computed on the fly), accumulated exactly in int32.
 
     y[m, n] = row_scale[m] * scale[n] * sum_k xq[m, k] * wq[n, k], with xq = round(x / row_scale)
     in [-127, 127] (SmoothQuant's per-token dynamic activations, Xiao et al. 2023, arXiv
-    2211.10438, without the smoothing). The activations go to oneDNN as u8 with zero point 128:
-    its s8 x s8 path is a reference loop (300 ms for one row of a 17920 x 1536 matrix, measured).
+    2211.10438, without the smoothing).
+
+    Two kernels give the same bits (tests compare them): specdec's own (kernels/w8a8.cpp),
+    used wherever it compiles, and oneDNN's qlinear otherwise, with the activations as u8 and
+    zero point 128 (its s8 x s8 path is a reference loop: 300 ms for one row of a 17920 x 1536
+    matrix, measured). Ours streams the w4a8 target's output head, the largest matrix a step
+    reads, at ~31 GB/s where oneDNN read it at ~20 on a 2-core Zen 4 (7.4 against 11.4 ms a
+    step; `python benchmarks/native_kernels.py --head`).
 
     Batch invariance by construction: an integer sum has no rounding, so its order (the kernel,
     the row count) cannot change it; what is rounded (the row scale, the two products) is
     elementwise. Needs VNNI or AMX (cpu_features.int8_dot_exact): older paths saturate.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                 kernel: str = "auto") -> None:
+        """kernel: "specdec" (kernels/w8a8.cpp), "onednn", or "auto" = specdec's where it compiles."""
         super().__init__()
+        if kernel not in ("auto", "specdec", "onednn"):
+            raise ValueError(f"kernel must be auto, specdec or onednn, got {kernel!r}")
         weight = weight.float()
         self.out_features, self.in_features = weight.shape
         scales = weight.abs().amax(dim=1).clamp_min(1e-8) / 127.0  # [N]
         weight_int8 = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [N, K]
-        self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(
-            weight_int8, [PACKED_ROWS_HINT, self.in_features]))
-        self.register_buffer("scales", scales)
-        self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long))
         self.register_buffer("bias", None if bias is None else bias.float())
         self.dtype = dtype
+        reason = kernels.load() if kernel != "onednn" else "not asked for"  # compiles on first use
+        if kernel == "specdec" and (reason is not None or self.in_features % 4):
+            raise ValueError(f"specdec's w8a8 kernel cannot run here: {reason or 'in_features must be a multiple of 4'}")
+        self.own_kernel = reason is None and self.in_features % 4 == 0
+        if self.own_kernel:  # whole 16-output blocks; the extra outputs are sliced off
+            padded = self.out_features + (-self.out_features % 16)
+            packed, weight_sums = torch.ops.specdec_w8a8.pack(weight_int8, padded)
+            self.register_buffer("packed_weight", packed)
+            self.register_buffer("weight_sums", weight_sums)
+            self.register_buffer("scales", nn.functional.pad(scales, (0, padded - self.out_features)))
+            if self.bias is not None:
+                self.bias = nn.functional.pad(self.bias, (0, padded - self.out_features))
+        else:
+            self.register_buffer("packed_weight", torch.ops.onednn.qlinear_prepack(
+                weight_int8, [PACKED_ROWS_HINT, self.in_features]))
+            self.register_buffer("scales", scales)
+            self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long))
 
     def dequantized(self) -> torch.Tensor:  # [N, K], for tests: a one-hot row quantizes exactly
-        return self._scaled_sums(torch.eye(self.in_features)).T
+        return self._scaled_sums(torch.eye(self.in_features), own_kernel=self.own_kernel).T
 
-    def _scaled_sums(self, rows: torch.Tensor) -> torch.Tensor:  # [M, K] fp32 -> [M, N] fp32, no bias
+    def _scaled_sums(self, rows: torch.Tensor, *, own_kernel: bool,
+                     bias: bool = False) -> torch.Tensor:  # [M, K] fp32 -> [M, N] fp32
+        if own_kernel:
+            out = torch.ops.specdec_w8a8.linear(rows, self.packed_weight, self.weight_sums, self.scales,
+                                                self.bias if bias else None, W8A8_VNNI_PATH)
+            return out[:, :self.out_features] if out.shape[1] != self.out_features else out
         row_scales = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
         unsigned = torch.round(rows / row_scales).add_(128.0).to(torch.uint8)  # [M, K], zero point 128
         sums = torch.ops.onednn.qlinear_pointwise(unsigned, 1.0, 128, self.packed_weight, self.scales,
                                                   self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
-        return sums * row_scales
+        out = sums * row_scales
+        return out + self.bias if bias and self.bias is not None else out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        out = self._scaled_sums(x.reshape(-1, self.in_features).float())
-        if self.bias is not None:
-            out = out + self.bias
+        out = self._scaled_sums(x.reshape(-1, self.in_features).float(), own_kernel=self.own_kernel, bias=True)
         return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)
 
 

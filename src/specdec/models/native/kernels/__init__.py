@@ -1,12 +1,14 @@
 """specdec's own CPU kernels, compiled on first use into the cache directory.
 
 - w4a8.cpp: 4-bit weights x int8 activations (models/native/w4a8.py).
+- w8a8.cpp: int8 weights x int8 activations (models/native/linear.py's W8A8Linear, the w4a8
+  target's output head).
 - attention.cpp: the blocked attention law of models/native/attention.py in one call per layer.
 - layer_ops.cpp: RMSNorm, and the q/k/v split with RoPE, of models/native/model.py in one call each.
 
 One library, built with torch.utils.cpp_extension (g++ and ninja; about 30 s, once per
-PyTorch version), registered as torch.ops.specdec_w4a8, torch.ops.specdec_attention and
-torch.ops.specdec_layer.
+PyTorch version), registered as torch.ops.specdec_w4a8, torch.ops.specdec_w8a8, torch.ops.specdec_attention
+and torch.ops.specdec_layer.
 Where it cannot be built, `load()` says why and the callers keep PyTorch's own kernels.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "attention.cpp", "layer_ops.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "w8a8.cpp", "attention.cpp", "layer_ops.cpp")]
 LIBRARY = "specdec_kernels"
 
 
