@@ -68,6 +68,20 @@ def test_w4a8_is_its_integer_law_on_every_path_with_the_same_bits():
         assert torch.equal(out, reference), name  # exact integers, one float order: identical bits
 
 
+def test_activation_ties_and_zero_rows_quantize_alike_on_every_path():
+    """Row scale 1 (max |x| = 127): x / s lands exactly on halves, which round to even on every
+    path (the vector quantizer's roundscale as the scalar nearbyint); an all-zero row as well."""
+    halves = torch.arange(-63, 64, dtype=torch.float32)[:96] + 0.5  # -62.5 .. 32.5
+    ties = torch.cat([torch.tensor([127.0]), halves[:95]])
+    x = torch.stack([ties, -ties, torch.zeros(96), ties.flip(0)])
+    linear = W4A8Linear(torch.randn(32, 96, generator=torch.Generator().manual_seed(8)), None, torch.float32)
+    reference = linear(x, ISA_PATHS["scalar"])
+    torch.testing.assert_close(reference.double(), w4a8_reference(linear, x), atol=1e-3, rtol=1e-5)
+    assert torch.equal(reference[2], torch.zeros(32))
+    for name in PATHS_HERE:
+        assert torch.equal(linear(x, ISA_PATHS[name]), reference), name
+
+
 @pytest.mark.parametrize("sign", [1, -1])
 def test_the_largest_group_sums_stay_exact_on_every_path(sign):
     """Every weight at q = 15 and every activation at +-127: a group's sum is 32 * 15 * 127 = 60960,

@@ -297,28 +297,67 @@ void block_avx2(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
 
 // Per row: xq = round(x / s), s = max|x| / 127 (the same formula as W8A8Linear), and group sums.
 // xq is stored [K/8, M, 8], so a tile reads every row's 8 inputs of a chunk from one pointer.
-void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Tensor& xscale) {
-  const int64_t M = x.size(0), K = x.size(1), groups = K / kGroup;
+void quantize_row_scalar(const float* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
+  const int64_t groups = K / kGroup;
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
+  const float s = std::fmax(amax, 1e-12f) / 127.f;
+  scales[m] = s;
+  for (int64_t g = 0; g < groups; ++g) {
+    int32_t sum = 0;
+    for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
+      const int32_t v = (int32_t)std::nearbyint(row[k] / s);  // round half to even, as torch.round
+      q[((k / 8) * M + m) * 8 + k % 8] = (int8_t)v;
+      sum += v;
+    }
+    sums[m * groups + g] = (float)sum;
+  }
+}
+
+#ifdef SPECDEC_X86
+// The same operations 16 lanes at a time: the division is IEEE's (vdivps rounds as divss does),
+// the rounding to nearest even is nearbyint's, the maximum and the integer sums are exact in any
+// order, so the bytes are the scalar loop's. The scalar loop cost ~30 us for the down
+// projection's 8960 inputs, against ~0.3 ms for the whole projection of one row.
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+void quantize_row_avx512(const float* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
+  const int64_t groups = K / kGroup;
+  __m512 top = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+  const float s = std::fmax(std::fmax(_mm512_reduce_max_ps(top), 0.f), 1e-12f) / 127.f;
+  scales[m] = s;
+  const __m512 divisor = _mm512_set1_ps(s);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 16) {
+      const __m512 rounded = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(row + k), divisor),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i v = _mm512_cvtps_epi32(rounded);
+      sum = _mm512_add_epi32(sum, v);
+      const __m128i bytes = _mm512_cvtepi32_epi8(v);  // -127..127: the narrowing is exact
+      _mm_storel_epi64((__m128i*)(q + ((k / 8) * M + m) * 8), bytes);
+      _mm_storel_epi64((__m128i*)(q + ((k / 8 + 1) * M + m) * 8), _mm_unpackhi_epi64(bytes, bytes));
+    }
+    sums[m * groups + g] = (float)_mm512_reduce_add_epi32(sum);
+  }
+}
+#endif
+
+void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Tensor& xscale, int64_t isa) {
+  const int64_t M = x.size(0), K = x.size(1);
   const float* xs = x.data_ptr<float>();
   int8_t* q = xq.data_ptr<int8_t>();
   float* sums = xsum.data_ptr<float>();
   float* scales = xscale.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      const float* row = xs + m * K;
-      float amax = 0.f;
-      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
-      const float s = std::fmax(amax, 1e-12f) / 127.f;
-      scales[m] = s;
-      for (int64_t g = 0; g < groups; ++g) {
-        int32_t sum = 0;
-        for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
-          const int32_t v = (int32_t)std::nearbyint(row[k] / s);  // round half to even, as torch.round
-          q[((k / 8) * M + m) * 8 + k % 8] = (int8_t)v;
-          sum += v;
-        }
-        sums[m * groups + g] = (float)sum;
+#ifdef SPECDEC_X86
+      if (isa >= kAvx512) {
+        quantize_row_avx512(xs + m * K, m, M, K, q, sums, scales);
+        continue;
       }
+#endif
+      quantize_row_scalar(xs + m * K, m, M, K, q, sums, scales);
     }
   });
 }
@@ -346,7 +385,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   at::Tensor xsum = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
   at::Tensor xscale = at::empty({M}, x.options().dtype(at::kFloat));
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  quantize_rows(x32, xq, xsum, xscale);
+  quantize_rows(x32, xq, xsum, xscale, isa);
   const Problem p{xq.data_ptr<int8_t>(), xsum.data_ptr<float>(), xscale.data_ptr<float>(),
                   packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
                   reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()),
