@@ -315,7 +315,7 @@ void quantize_row_scalar(const float* row, int64_t m, int64_t M, int64_t K, int8
 }
 
 #ifdef SPECDEC_X86
-// The same operations 16 lanes at a time: the division is IEEE's (vdivps rounds as divss does),
+// The same operations 16 lanes at a time (8 on AVX2, below): the division is IEEE's (vdivps rounds as divss does),
 // the rounding to nearest even is nearbyint's, the maximum and the integer sums are exact in any
 // order, so the bytes are the scalar loop's. The scalar loop cost ~30 us for the down
 // projection's 8960 inputs, against ~0.3 ms for the whole projection of one row.
@@ -341,6 +341,39 @@ void quantize_row_avx512(const float* row, int64_t m, int64_t M, int64_t K, int8
     sums[m * groups + g] = (float)_mm512_reduce_add_epi32(sum);
   }
 }
+
+// AVX2: 8 lanes, one chunk of xq per vector; the narrowing packs saturate, which values in
+// -127..127 never reach.
+__attribute__((target("avx2,fma")))
+void quantize_row_avx2(const float* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
+  const int64_t groups = K / kGroup;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 top = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + k)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  float amax = 0.f;
+  for (float lane : lanes) amax = std::fmax(amax, lane);
+  const float s = std::fmax(amax, 1e-12f) / 127.f;
+  scales[m] = s;
+  const __m256 divisor = _mm256_set1_ps(s);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 8) {
+      const __m256 rounded = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + k), divisor),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i v = _mm256_cvtps_epi32(rounded);
+      sum = _mm256_add_epi32(sum, v);
+      const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      _mm_storel_epi64((__m128i*)(q + ((k / 8) * M + m) * 8), _mm_packs_epi16(words, words));
+    }
+    alignas(32) int32_t parts[8];
+    _mm256_store_si256((__m256i*)parts, sum);
+    int32_t total = 0;
+    for (int32_t part : parts) total += part;
+    sums[m * groups + g] = (float)total;
+  }
+}
 #endif
 
 void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Tensor& xscale, int64_t isa) {
@@ -354,6 +387,10 @@ void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Te
 #ifdef SPECDEC_X86
       if (isa >= kAvx512) {
         quantize_row_avx512(xs + m * K, m, M, K, q, sums, scales);
+        continue;
+      }
+      if (isa == kAvx2) {
+        quantize_row_avx2(xs + m * K, m, M, K, q, sums, scales);
         continue;
       }
 #endif
