@@ -52,3 +52,32 @@ def test_keep_path_leaves_the_cache_of_the_path_alone():
     fresh = make_native(model)
     fresh.forward(torch.tensor([PREFIX + [TOKENS[i] for i in path]]), torch.arange(len(PREFIX) + len(path))[None])
     assert torch.allclose(after_tree, fresh.forward(following, next_positions).logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_tree_kernel_reads_the_prefix_in_place_with_the_gathered_sequences_bits(dtype):
+    """kernels/attention.cpp's tree op (the cached prefix's whole blocks read in place, shared by the
+    nodes; only each node's tail gathered) against the blocked op over each node's whole gathered
+    sequence (what the tree path ran before): the same bits, for two rows with different prefixes
+    (so the shared blocks are the shorter row's), 64 and 128 dims, 1 to 17 nodes."""
+    from specdec.models.native import kernels
+    from specdec.models.native.attention import KEY_BLOCK, TreeKeys, blocked_attention, tree_attention
+
+    if kernels.load() is not None:
+        pytest.skip(f"no kernels here: {kernels.load()}")
+    generator = torch.Generator().manual_seed(11)
+    for dim, starts, nodes in [(128, [300, 130], 9), (64, [800, 700], 17), (128, [5, 70], 4), (64, [64, 128], 1)]:
+        parents = [(i - 1) // 2 - 1 for i in range(1, nodes)]  # the drafts' parents (-1: the root)
+        among = tree_attention_mask(parents).expand(len(starts), -1, -1)  # [B, nodes, nodes], the root first
+        tree = TreeKeys.build(starts, among, torch.device("cpu"))
+        assert tree.shared_blocks == min(starts) // KEY_BLOCK
+        length = tree.index.shape[-1] + max(starts)
+        keys, values = (torch.randn(len(starts), 2, length, dim, generator=generator).to(dtype) for _ in range(2))
+        query = torch.randn(len(starts), 12, nodes, dim, generator=generator).to(dtype)
+        got = tree_attention(query, keys, values, tree)
+        rows = torch.arange(len(starts))[:, None, None]
+        path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
+        path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
+        grouped = query.view(len(starts), 2, 6, nodes, dim).transpose(2, 3)
+        expected = blocked_attention(grouped, path_keys, path_values, tree.bias).transpose(2, 3).reshape(query.shape)
+        assert torch.equal(got, expected), (dim, starts, nodes)

@@ -186,9 +186,19 @@ class TreeKeys:
     (root first), padded at the end to whole key blocks; bias [B, 1, T, nb, 1, KEY_BLOCK]
     (block_bias) hides the padding. Plain decoding of a node's path sees exactly these
     keys at these slots, so the node's attention sees the same blocks.
+
+    The same sequences split for the CPU kernel (kernels/attention.cpp's tree op): the
+    first shared_blocks blocks are the cached prefix's whole blocks, the same for every
+    node and read in place from the cache; tail_index [B, T, St] and tail_bias
+    [B, T, nbt, KEY_BLOCK] are each node's remaining slots (the prefix's last partial
+    block, its path) from block shared_blocks on. Gathering only the tails copies
+    O(T x (KEY_BLOCK + depth)) keys instead of O(T x context).
     """
     index: torch.Tensor
     bias: torch.Tensor
+    shared_blocks: int
+    tail_index: torch.Tensor
+    tail_bias: torch.Tensor
 
     @staticmethod
     def build(starts: list[int], among_new: torch.Tensor, device: torch.device) -> TreeKeys:
@@ -196,6 +206,9 @@ class TreeKeys:
         visible = among_new.to(device="cpu", dtype=torch.bool)
         counts = visible.sum(dim=-1)  # [B, T]
         width = round_up(max(starts) + int(counts.max()))
+        shared_blocks = min(starts) // KEY_BLOCK
+        shared = shared_blocks * KEY_BLOCK
+        tail_width = width - shared
         index = torch.zeros(visible.shape[0], visible.shape[1], width, dtype=torch.int64)
         mask = torch.zeros(visible.shape[0], 1, visible.shape[1], 1, width, dtype=torch.bool)  # [B, 1, T, 1, S']
         for row, start in enumerate(starts):
@@ -203,7 +216,10 @@ class TreeKeys:
                 slots = torch.cat([torch.arange(start), start + visible[row, query].nonzero().flatten()])
                 index[row, query, : len(slots)] = slots
                 mask[row, 0, query, 0, : len(slots)] = True
-        return TreeKeys(index.to(device), block_bias(mask.to(device)))
+        tail_bias = block_bias(mask[:, :, :, :, shared:]).reshape(
+            visible.shape[0], visible.shape[1], tail_width // KEY_BLOCK, KEY_BLOCK)
+        return TreeKeys(index.to(device), block_bias(mask.to(device)), shared_blocks,
+                        index[:, :, shared:].contiguous().to(device), tail_bias.to(device))
 
 
 def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tree: TreeKeys) -> torch.Tensor:
@@ -213,15 +229,22 @@ def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     ancestors scattered among masked siblings, in other blocks than plain decoding
     has them. Gathering each query's keys into the prefix-then-path layout of plain
     decoding puts them in the same blocks, so verification is bit-identical to it.
+    On a CPU only the tails are gathered (TreeKeys); the kernel reads the prefix in place.
     """
     batch, query_heads, steps, dim = query.shape
     kv_heads = keys.shape[1]
     groups = query_heads // kv_heads
     rows = torch.arange(batch, device=keys.device)[:, None, None]
-    path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, S', D]
-    path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
     grouped = query.view(batch, kv_heads, groups, steps, dim).transpose(2, 3)  # [B, Hkv, T, G, D]
-    attended = blocked_attention(grouped, path_keys, path_values, tree.bias)  # [B, Hkv, T, G, D]
+    if query.device.type == "cpu" and kernels.load() is None:  # kernels/attention.cpp's tree op
+        tail_keys = keys.permute(0, 2, 1, 3)[rows, tree.tail_index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, St, D]
+        tail_values = values.permute(0, 2, 1, 3)[rows, tree.tail_index].permute(0, 3, 1, 2, 4)
+        attended = torch.ops.specdec_attention.tree(grouped, keys, values, tail_keys, tail_values, tree.tail_bias,
+                                                    tree.shared_blocks, KEY_BLOCK)
+    else:
+        path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, S', D]
+        path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
+        attended = blocked_attention(grouped, path_keys, path_values, tree.bias)  # [B, Hkv, T, G, D]
     return attended.transpose(2, 3).reshape(batch, query_heads, steps, dim)
 
 

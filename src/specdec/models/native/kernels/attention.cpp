@@ -91,18 +91,49 @@ __attribute__((always_inline)) inline float exp_nonpositive(float x) {  // inlin
   return p * __builtin_bit_cast(float, bits);  // not memcpy: the vectorizer takes a bit cast
 }
 
-constexpr int kTileRows = 32;  // query rows that share a key sequence, attended together
+constexpr int kTileRows = 32;  // query rows attended together
 
-// R query rows (same keys) against their keys. Each block's keys and values are converted to fp32
-// once (into `keys32`, `values32`) and used by every row; every row's arithmetic is the same as
+// Where the rows of a tile find their keys. Block j < shared_blocks is the same for every row (a
+// chain's keys, or the cached prefix every node of a tree sees whole: read in place, all visible);
+// block j >= shared_blocks comes from the row's own keys (a tree node's tail: the prefix's last
+// partial block and its path), masked by the row's bias. A chain has no shared blocks: every row
+// points at the same keys, and its bias masks the future.
+template <typename T>
+struct KeyBlocks {
+  const T* shared_keys;
+  const T* shared_values;
+  int64_t shared_key_stride, shared_value_stride, shared_blocks;
+  const T* const* row_keys;    // [rows] the row's own blocks
+  const T* const* row_values;  // [rows]
+  int64_t key_stride, value_stride;
+  const float* const* biases;  // [rows] the row's own blocks: [nb, blk] with a stride per block
+  int64_t bias_block_stride;
+
+  const T* keys(int r, int64_t j, int64_t block) const {
+    return j < shared_blocks ? shared_keys + j * block * shared_key_stride
+                             : row_keys[r] + (j - shared_blocks) * block * key_stride;
+  }
+  const T* values(int r, int64_t j, int64_t block) const {
+    return j < shared_blocks ? shared_values + j * block * shared_value_stride
+                             : row_values[r] + (j - shared_blocks) * block * value_stride;
+  }
+  int64_t key_row_stride(int64_t j) const { return j < shared_blocks ? shared_key_stride : key_stride; }
+  int64_t value_row_stride(int64_t j) const { return j < shared_blocks ? shared_value_stride : value_stride; }
+  // Key t of block j is visible to row r: the bias is 0 (a shared block is visible whole).
+  bool visible(int r, int64_t j, int64_t t) const {
+    return j < shared_blocks || biases[r][(j - shared_blocks) * bias_block_stride + t] == 0.f;
+  }
+};
+
+// R query rows against their keys. Rows that read the same block (a run of equal pointers: all of a
+// chain's rows, every tree node's rows in the shared blocks, one node's rows in its own) convert its
+// keys and values to fp32 once (into `keys32`, `values32`); every row's arithmetic is the same as
 // alone (batch invariance). kDim > 0 fixes the head size at compile time (64, 128: the loops unroll
-// into registers); 0 takes it at run time. keys/values: [S, dim] with row strides; bias row r:
-// biases[r], then [nb] blocks of blk with a stride per block.
+// into registers); 0 takes it at run time.
 template <typename T, int kDim>
-SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* keys, const T* values,
-                                int64_t key_stride, int64_t value_stride, const float* const* biases,
-                                int64_t bias_block_stride, int64_t blocks, int64_t block, int64_t runtime_dim,
-                                float scale, float* scratch, float* const* outs) {
+SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const KeyBlocks<T>& source,
+                                int64_t blocks, int64_t block, int64_t runtime_dim, float scale, float* scratch,
+                                float* const* outs) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const float floor = std::numeric_limits<float>::lowest();
   const float minus_inf = -std::numeric_limits<float>::infinity();
@@ -115,31 +146,36 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* 
   float overall[kTileRows];
   for (int r = 0; r < rows; ++r) overall[r] = floor;
   for (int64_t j = 0; j < blocks; ++j) {
-    bool any = false;
-    for (int r = 0; r < rows; ++r)
-      for (int64_t t = 0; t < block; ++t) any |= biases[r][j * bias_block_stride + t] == 0.f;
-    if (any) {
-      for (int64_t t = 0; t < block; ++t) {
-        const T* k = keys + (j * block + t) * key_stride;
-        for (int64_t d = 0; d < dim; ++d) keys32[t * dim + d] = to_float(k[d]);
-      }
-    }
-    for (int r = 0; r < rows; ++r) {
-      const float* bias = biases[r] + j * bias_block_stride;
-      float* row_scores = scores + r * S + j * block;
-      float m = minus_inf;
-      int64_t t = 0;
-      if constexpr (kDim > 0 && kDim % kLanes == 0) {  // 4 keys at a time: independent chains, same bits
-        for (; t + 4 <= block; t += 4) {
-          float dots[4];
-          dot4<kDim>(queries[r], keys32 + t * dim, dots);
-          for (int j = 0; j < 4; ++j) row_scores[t + j] = bias[t + j] == 0.f ? dots[j] * scale : minus_inf;
+    for (int first = 0, last; first < rows; first = last) {  // a run of rows reading the same block
+      const T* block_keys = source.keys(first, j, block);
+      for (last = first + 1; last < rows && source.keys(last, j, block) == block_keys; ++last) {}
+      bool any = false;
+      for (int r = first; r < last; ++r)
+        for (int64_t t = 0; t < block; ++t) any |= source.visible(r, j, t);
+      if (any) {
+        const int64_t stride = source.key_row_stride(j);
+        for (int64_t t = 0; t < block; ++t) {
+          const T* k = block_keys + t * stride;
+          for (int64_t d = 0; d < dim; ++d) keys32[t * dim + d] = to_float(k[d]);
         }
       }
-      for (; t < block; ++t) row_scores[t] = bias[t] == 0.f ? dot(queries[r], keys32 + t * dim, dim) * scale : minus_inf;
-      for (t = 0; t < block; ++t) m = row_scores[t] > m ? row_scores[t] : m;
-      block_max[r * blocks + j] = m > floor ? m : floor;  // all masked: floor, so its weights are 0
-      overall[r] = block_max[r * blocks + j] > overall[r] ? block_max[r * blocks + j] : overall[r];
+      for (int r = first; r < last; ++r) {
+        float* row_scores = scores + r * S + j * block;
+        float m = minus_inf;
+        int64_t t = 0;
+        if constexpr (kDim > 0 && kDim % kLanes == 0) {  // 4 keys at a time: independent chains, same bits
+          for (; t + 4 <= block; t += 4) {
+            float dots[4];
+            dot4<kDim>(queries[r], keys32 + t * dim, dots);
+            for (int i = 0; i < 4; ++i) row_scores[t + i] = source.visible(r, j, t + i) ? dots[i] * scale : minus_inf;
+          }
+        }
+        for (; t < block; ++t)
+          row_scores[t] = source.visible(r, j, t) ? dot(queries[r], keys32 + t * dim, dim) * scale : minus_inf;
+        for (t = 0; t < block; ++t) m = row_scores[t] > m ? row_scores[t] : m;
+        block_max[r * blocks + j] = m > floor ? m : floor;  // all masked: floor, so its weights are 0
+        overall[r] = block_max[r * blocks + j] > overall[r] ? block_max[r * blocks + j] : overall[r];
+      }
     }
   }
   float total[kTileRows];
@@ -149,55 +185,67 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const T* 
   }
   for (int64_t j = 0; j < blocks; ++j) {
     float rescale[kTileRows];
-    bool any = false;
     for (int r = 0; r < rows; ++r) {
       const float x = block_max[r * blocks + j] - overall[r];
       rescale[r] = x >= kNegligibleExponent ? exp_nonpositive(x) : 0.f;  // all-masked blocks among the 0s
-      any |= rescale[r] != 0.f;
     }
-    if (!any) continue;  // a block of weight exactly 0 for every row is skipped, as in the PyTorch form
-    for (int64_t t = 0; t < block; ++t) {
-      const T* v = values + (j * block + t) * value_stride;
-      for (int64_t d = 0; d < dim; ++d) values32[t * dim + d] = to_float(v[d]);
-    }
-    for (int r = 0; r < rows; ++r) {
-      if (rescale[r] == 0.f) continue;
-      // Weights below e^-60 of the block's max, masked keys (-inf) among them, are exactly 0.
-      const float* row_scores = scores + r * S + j * block;
-      float* w = weights + r * block;
-      float sum = 0.f;
-      const float max = block_max[r * blocks + j];
+    for (int first = 0, last; first < rows; first = last) {
+      const T* block_values = source.values(first, j, block);
+      for (last = first + 1; last < rows && source.values(last, j, block) == block_values; ++last) {}
+      bool any = false;
+      for (int r = first; r < last; ++r) any |= rescale[r] != 0.f;
+      if (!any) continue;  // a block of weight exactly 0 for every row is skipped, as in the PyTorch form
+      const int64_t stride = source.value_row_stride(j);
+      for (int64_t t = 0; t < block; ++t) {
+        const T* v = block_values + t * stride;
+        for (int64_t d = 0; d < dim; ++d) values32[t * dim + d] = to_float(v[d]);
+      }
+      for (int r = first; r < last; ++r) {
+        if (rescale[r] == 0.f) continue;
+        // Weights below e^-60 of the block's max, masked keys (-inf) among them, are exactly 0.
+        const float* row_scores = scores + r * S + j * block;
+        float* w = weights + r * block;
+        float sum = 0.f;
+        const float max = block_max[r * blocks + j];
 #pragma omp simd
-      for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
-        const float x = row_scores[t] - max;
-        w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
-      }
-      for (int64_t t = 0; t < block; ++t) sum = sum + w[t];
-      total[r] = total[r] + sum * rescale[r];
-      // out += rescale * sum_t w[t] v[t], each output's keys in order (zero weights add 0). Every
-      // output has its own chain, so 64 outputs at a time (kDim known) run 4 chains of 16 lanes
-      // side by side; the order of each output's sum is the same either way.
-      int64_t d0 = 0;
-      if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
-        for (; d0 < dim; d0 += 4 * kLanes) {
-          float acc[4 * kLanes];
-          for (int l = 0; l < 4 * kLanes; ++l) acc[l] = 0.f;
-          for (int64_t t = 0; t < block; ++t)
-            for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
-          for (int l = 0; l < 4 * kLanes; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
+        for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
+          const float x = row_scores[t] - max;
+          w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
         }
-      }
-      for (; d0 < dim; d0 += kLanes) {
-        const int64_t n = dim - d0 < kLanes ? dim - d0 : kLanes;
-        float acc[kLanes] = {0};
-        for (int64_t t = 0; t < block; ++t)
-          for (int64_t l = 0; l < n; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
-        for (int64_t l = 0; l < n; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
+        for (int64_t t = 0; t < block; ++t) sum = sum + w[t];
+        total[r] = total[r] + sum * rescale[r];
+        // out += rescale * sum_t w[t] v[t], each output's keys in order (zero weights add 0). Every
+        // output has its own chain, so 64 outputs at a time (kDim known) run 4 chains of 16 lanes
+        // side by side; the order of each output's sum is the same either way.
+        int64_t d0 = 0;
+        if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
+          for (; d0 < dim; d0 += 4 * kLanes) {
+            float acc[4 * kLanes];
+            for (int l = 0; l < 4 * kLanes; ++l) acc[l] = 0.f;
+            for (int64_t t = 0; t < block; ++t)
+              for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
+            for (int l = 0; l < 4 * kLanes; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
+          }
+        }
+        for (; d0 < dim; d0 += kLanes) {
+          const int64_t n = dim - d0 < kLanes ? dim - d0 : kLanes;
+          float acc[kLanes] = {0};
+          for (int64_t t = 0; t < block; ++t)
+            for (int64_t l = 0; l < n; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
+          for (int64_t l = 0; l < n; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
+        }
       }
     }
   }
   for (int r = 0; r < rows; ++r)
     for (int64_t d = 0; d < dim; ++d) outs[r][d] = outs[r][d] / total[r];
+}
+
+template <typename T>
+void attend_tile(const float* const* queries, int rows, const KeyBlocks<T>& source, int64_t blocks, int64_t block,
+                 int64_t dim, float scale, float* scratch, float* const* outs) {
+  auto attend = dim == 128 ? attend_rows<T, 128> : dim == 64 ? attend_rows<T, 64> : attend_rows<T, 0>;
+  attend(queries, rows, source, blocks, block, dim, scale, scratch, outs);
 }
 
 template <typename T>
@@ -227,16 +275,19 @@ void run(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& valu
       const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - tile * kTileRows));
       const float* queries[kTileRows];
       const float* biases[kTileRows];
+      const T* row_keys[kTileRows];
+      const T* row_values[kTileRows];
       float* outs[kTileRows];
       for (int r = 0; r < rows; ++r) {
         const int64_t m = tile * kTileRows + r, row = ((b * H + h) * Q + q) * M + m;
         queries[r] = q_all + row * D;
         outs[r] = out_all + row * D;
         biases[r] = bias_all + ((b * Q + q) * blocks * bias_rows + (bias_rows == 1 ? 0 : m)) * block;
+        row_keys[r] = k;
+        row_values[r] = v;
       }
-      auto attend = D == 128 ? attend_rows<T, 128> : D == 64 ? attend_rows<T, 64> : attend_rows<T, 0>;
-      attend(queries, rows, k, v, ks[3], vs[3], biases, bias_block_stride, blocks, block, D, scale,
-             scratch.data(), outs);
+      const KeyBlocks<T> source{k, v, ks[3], vs[3], 0, row_keys, row_values, ks[3], vs[3], biases, bias_block_stride};
+      attend_tile(queries, rows, source, blocks, block, D, scale, scratch.data(), outs);
     }
   });
 }
@@ -263,10 +314,87 @@ at::Tensor blocked_attention(const at::Tensor& query, const at::Tensor& keys, co
   return out.to(values.scalar_type());
 }
 
+// A tree's queries: every node sees the cached prefix whole, then its own tail (the prefix's last
+// partial block, its ancestors and itself, gathered in plain decoding's order and padded to whole
+// blocks). The prefix's whole blocks are read in place from the cache, once per tile of rows for
+// all the nodes in it, instead of gathered into a copy per node: the same keys in the same blocks,
+// so the same bits as blocked_attention over each node's gathered sequence (tested).
+template <typename T>
+void run_tree(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& tail_keys,
+              const at::Tensor& tail_values, const at::Tensor& tail_bias, int64_t shared_blocks, at::Tensor& out,
+              int64_t block) {
+  // query [B, Hkv, N, G, D]; keys, values [B, Hkv, S, D] (the cache); tail_* [B, Hkv, N, St, D];
+  // tail_bias [B, N, nbt, blk]. Rows: the N x G queries of a kv head, node by node.
+  const int64_t B = query.size(0), H = query.size(1), N = query.size(2), G = query.size(3), D = query.size(4);
+  const int64_t tail_blocks = tail_keys.size(3) / block, blocks = shared_blocks + tail_blocks, S = blocks * block;
+  const int64_t M = N * G, tiles = (M + kTileRows - 1) / kTileRows;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const auto ks = keys.strides(), vs = values.strides(), tks = tail_keys.strides(), tvs = tail_values.strides();
+  const float* q_all = query.data_ptr<float>();
+  const float* bias_all = tail_bias.data_ptr<float>();
+  float* out_all = out.data_ptr<float>();
+  at::parallel_for(0, B * H * tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(2 * block * D + kTileRows * (S + blocks + block));
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t tile = i % tiles, h = (i / tiles) % H, b = i / (tiles * H);
+      const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - tile * kTileRows));
+      const float* queries[kTileRows];
+      const float* biases[kTileRows];
+      const T* row_keys[kTileRows];
+      const T* row_values[kTileRows];
+      float* outs[kTileRows];
+      for (int r = 0; r < rows; ++r) {
+        const int64_t m = tile * kTileRows + r, node = m / G, row = (b * H + h) * M + m;
+        queries[r] = q_all + row * D;
+        outs[r] = out_all + row * D;
+        biases[r] = bias_all + (b * N + node) * tail_blocks * block;
+        row_keys[r] = tail_keys.data_ptr<T>() + b * tks[0] + h * tks[1] + node * tks[2];
+        row_values[r] = tail_values.data_ptr<T>() + b * tvs[0] + h * tvs[1] + node * tvs[2];
+      }
+      const KeyBlocks<T> source{keys.data_ptr<T>() + b * ks[0] + h * ks[1], values.data_ptr<T>() + b * vs[0] + h * vs[1],
+                                ks[2], vs[2], shared_blocks, row_keys, row_values, tks[3], tvs[3], biases, block};
+      attend_tile(queries, rows, source, blocks, block, D, scale, scratch.data(), outs);
+    }
+  });
+}
+
+at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                          const at::Tensor& tail_keys, const at::Tensor& tail_values, const at::Tensor& tail_bias,
+                          int64_t shared_blocks, int64_t block) {
+  TORCH_CHECK(query.dim() == 5 && keys.dim() == 4 && values.dim() == 4 && tail_keys.dim() == 5 &&
+                  tail_values.dim() == 5 && tail_bias.dim() == 4,
+              "tree_attention: query [B, Hkv, N, G, D], keys/values [B, Hkv, S, D], tail keys/values "
+              "[B, Hkv, N, St, D], tail bias [B, N, nbt, blk]");
+  TORCH_CHECK(shared_blocks >= 0 && keys.size(2) >= shared_blocks * block && tail_keys.size(3) % block == 0 &&
+                  tail_bias.size(2) * block == tail_keys.size(3) && tail_bias.size(3) == block &&
+                  tail_keys.size(2) == query.size(2) && tail_bias.size(1) == query.size(2),
+              "tree_attention: the shared blocks, the tails and their bias must come in whole blocks");
+  TORCH_CHECK(keys.scalar_type() == values.scalar_type() && tail_keys.scalar_type() == keys.scalar_type() &&
+                  tail_values.scalar_type() == keys.scalar_type(),
+              "tree_attention: keys and values differ in dtype");
+  TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "tree_attention: the cache's last dim must be contiguous");
+  const at::Tensor q = query.to(at::kFloat).contiguous();
+  const at::Tensor tk = tail_keys.contiguous(), tv = tail_values.contiguous();
+  const at::Tensor bias32 = tail_bias.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  if (keys.scalar_type() == at::kBFloat16) {
+    run_tree<c10::BFloat16>(q, keys, values, tk, tv, bias32, shared_blocks, out, block);
+  } else {
+    TORCH_CHECK(keys.scalar_type() == at::kFloat, "tree_attention: keys must be fp32 or bf16");
+    run_tree<float>(q, keys, values, tk, tv, bias32, shared_blocks, out, block);
+  }
+  return out.to(values.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec_attention, m) {
   m.def("blocked(Tensor query, Tensor keys, Tensor values, Tensor bias, int block) -> Tensor");
+  m.def("tree(Tensor query, Tensor keys, Tensor values, Tensor tail_keys, Tensor tail_values, Tensor tail_bias, "
+        "int shared_blocks, int block) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specdec_attention, CPU, m) { m.impl("blocked", &blocked_attention); }
+TORCH_LIBRARY_IMPL(specdec_attention, CPU, m) {
+  m.impl("blocked", &blocked_attention);
+  m.impl("tree", &tree_attention);
+}
