@@ -81,3 +81,49 @@ def test_the_cpu_tree_kernel_reads_the_prefix_in_place_with_the_gathered_sequenc
         grouped = query.view(len(starts), 2, 6, nodes, dim).transpose(2, 3)
         expected = blocked_attention(grouped, path_keys, path_values, tree.bias).transpose(2, 3).reshape(query.shape)
         assert torch.equal(got, expected), (dim, starts, nodes)
+
+
+ATTENTION_SCRIPT = """
+import sys, torch
+from specdec.models.native.attention import AttentionPlan, KEY_BLOCK
+from specdec.sampling.tree import tree_attention_mask
+generator = torch.Generator().manual_seed(12)
+outs = []
+for dtype in (torch.float32, torch.bfloat16):
+    for dim, start, steps in [(128, 800, 1), (128, 300, 9), (64, 130, 17), (128, 5, 3)]:
+        length = -(-(start + steps) // KEY_BLOCK) * KEY_BLOCK
+        keys, values = (torch.randn(1, 2, length, dim, generator=generator).to(dtype) for _ in range(2))
+        query = torch.randn(1, 12, steps, dim, generator=generator).to(dtype)
+        for among in (None, tree_attention_mask([(i - 1) // 2 - 1 for i in range(1, steps)])[None]):
+            plan = AttentionPlan.build([start], steps, 6, among, torch.device("cpu"))
+            outs.append(plan.attend(query, keys, values))
+torch.save(outs, sys.argv[1])
+"""
+
+
+def test_the_attention_kernels_avx512_scores_are_its_generic_paths_bits(tmp_path):
+    """kernels/attention.cpp scores 16 keys at a time in AVX-512 where the CPU has it, and with its
+    generic loops under ONEDNN_MAX_CPU_ISA=AVX2: chains and trees, fp32 and bf16, give the same bits."""
+    import os
+    import subprocess
+    import sys
+
+    from specdec.models.cpu_features import effective_isa
+    from specdec.models.native import kernels
+
+    if kernels.load() is not None:
+        pytest.skip(f"no kernels here: {kernels.load()}")
+    if not (effective_isa() or "").startswith("AVX512"):
+        pytest.skip("no AVX-512 here: only the generic path runs")
+    results = {}
+    for name, cap in (("avx512", None), ("generic", "AVX2")):
+        env = dict(os.environ)
+        env.pop("ONEDNN_MAX_CPU_ISA", None)
+        if cap:
+            env["ONEDNN_MAX_CPU_ISA"] = cap
+        path = tmp_path / f"{name}.pt"
+        subprocess.run([sys.executable, "-c", ATTENTION_SCRIPT, str(path)], env=env, check=True, timeout=300)
+        results[name] = torch.load(path)
+    assert len(results["avx512"]) == 16
+    for fast, generic in zip(results["avx512"], results["generic"]):
+        assert torch.equal(fast, generic)
