@@ -29,7 +29,7 @@ from specdec.models.native import kernels
 
 QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
 INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantized with
-W8A8_VNNI_PATH = 3  # kernels/w8a8.cpp's VNNI path (0: its scalar reference); W8A8Linear needs VNNI anyway
+W8A8_VNNI_PATH = 3  # kernels/w8a8.cpp's VNNI path (0: its scalar reference, the same bits)
 
 
 def batch_invariant(x: torch.Tensor, out_features: int, project) -> torch.Tensor:  # [..., K] -> [..., N]
@@ -186,7 +186,7 @@ class W8A8Linear(nn.Module):
     used wherever it compiles, and oneDNN's qlinear otherwise, with the activations as u8 and
     zero point 128 (its s8 x s8 path is a reference loop: 300 ms for one row of a 17920 x 1536
     matrix, measured). Ours streams the w4a8 target's output head, the largest matrix a step
-    reads, at ~31 GB/s where oneDNN read it at ~20 on a 2-core Zen 4 (7.4 against 11.4 ms a
+    reads, at ~30 GB/s where oneDNN read it at ~20 on a 2-core Zen 4 (7.7 against 11.4 ms a
     step; `python benchmarks/native_kernels.py --head`).
 
     Batch invariance by construction: an integer sum has no rounding, so its order (the kernel,
@@ -210,6 +210,8 @@ class W8A8Linear(nn.Module):
         if kernel == "specdec" and (reason is not None or self.in_features % 4):
             raise ValueError(f"specdec's w8a8 kernel cannot run here: {reason or 'in_features must be a multiple of 4'}")
         self.own_kernel = reason is None and self.in_features % 4 == 0
+        # VNNI where it runs (make_linear builds w8a8 only there); the scalar reference otherwise.
+        self.kernel_path = W8A8_VNNI_PATH if int8_dot_exact() else 0
         if self.own_kernel:  # whole 16-output blocks; the extra outputs are sliced off
             padded = self.out_features + (-self.out_features % 16)
             packed, weight_sums = torch.ops.specdec_w8a8.pack(weight_int8, padded)
@@ -231,7 +233,7 @@ class W8A8Linear(nn.Module):
                      bias: bool = False) -> torch.Tensor:  # [M, K] fp32 -> [M, N] fp32
         if own_kernel:
             out = torch.ops.specdec_w8a8.linear(rows, self.packed_weight, self.weight_sums, self.scales,
-                                                self.bias if bias else None, W8A8_VNNI_PATH)
+                                                self.bias if bias else None, self.kernel_path)
             return out[:, :self.out_features] if out.shape[1] != self.out_features else out
         row_scales = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0  # [M, 1]
         unsigned = torch.round(rows / row_scales).add_(128.0).to(torch.uint8)  # [M, K], zero point 128
