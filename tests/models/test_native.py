@@ -178,6 +178,17 @@ def test_w8a8_linear_is_its_integer_law_and_row_invariant():
     assert (linear.dequantized() - weight).abs().max() <= weight.abs().max() / 127 * 0.5 + 1e-5
 
 
+def same_as_onednn(ours: torch.Tensor, onednn: torch.Tensor) -> None:
+    """The same bits as oneDNN's VNNI path (measured on Zen 4). Its AMX path, not measured here, may
+    round its epilogue its own way: there, within one float rounding of each product."""
+    from specdec.models.cpu_features import effective_isa
+
+    if effective_isa() == "AVX512_CORE_AMX":
+        torch.testing.assert_close(ours, onednn, rtol=3e-7, atol=1e-30)
+    else:
+        assert torch.equal(ours, onednn)
+
+
 @pytest.mark.skipif(not W8A8_HERE, reason="w8a8 needs VNNI or AMX; the test above checks the refusal")
 def test_w8a8_specdec_kernel_gives_onednn_bits_on_every_path():
     """kernels/w8a8.cpp against oneDNN's qlinear: the same integer sums, the same two roundings.
@@ -191,7 +202,7 @@ def test_w8a8_specdec_kernel_gives_onednn_bits_on_every_path():
     ours, onednn = (W8A8Linear(weight, bias, torch.float32, kernel=kernel) for kernel in ("specdec", "onednn"))
     assert ours.own_kernel and not onednn.own_kernel
     for rows in (1, 2, 5, 9, 17):
-        assert torch.equal(ours(x[:rows]), onednn(x[:rows])), rows
+        same_as_onednn(ours(x[:rows]), onednn(x[:rows]))
     scalar = torch.ops.specdec_w8a8.linear(x, ours.packed_weight, ours.weight_sums, ours.scales, ours.bias, 0)
     assert torch.equal(scalar[:, :200], ours(x)) and W8A8_VNNI_PATH != 0
     extremes = torch.tensor([1.0, -1.0]).repeat(48)  # [96]: every |weight| and |activation| quantizes to 127
@@ -199,7 +210,7 @@ def test_w8a8_specdec_kernel_gives_onednn_bits_on_every_path():
         big_ours, big_onednn = (W8A8Linear(extremes.expand(32, 96) * sign, None, torch.float32, kernel=kernel)
                                 for kernel in ("specdec", "onednn"))
         rows = torch.stack([extremes, -extremes, extremes.abs()])
-        assert torch.equal(big_ours(rows), big_onednn(rows))
+        same_as_onednn(big_ours(rows), big_onednn(rows))
         assert big_ours(rows)[0, 0].item() == pytest.approx(96.0 * sign)
 
 

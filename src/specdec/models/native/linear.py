@@ -182,7 +182,7 @@ class W8A8Linear(nn.Module):
     in [-127, 127] (SmoothQuant's per-token dynamic activations, Xiao et al. 2023, arXiv
     2211.10438, without the smoothing).
 
-    Two kernels give the same bits (tests compare them): specdec's own (kernels/w8a8.cpp),
+    Two kernels give the same bits on VNNI CPUs (tests compare them): specdec's own (kernels/w8a8.cpp),
     used wherever it compiles, and oneDNN's qlinear otherwise, with the activations as u8 and
     zero point 128 (its s8 x s8 path is a reference loop: 300 ms for one row of a 17920 x 1536
     matrix, measured). Ours streams the w4a8 target's output head, the largest matrix a step

@@ -3,7 +3,8 @@
 // The law of linear.py's W8A8Linear, which ran it on oneDNN's qlinear: xq = round(x / s) in
 // -127..127 with s = max|x| / 127 per row, wq = round(w / scale) per output, and
 //   y[m, n] = (float(sum_k xq[m, k] wq[n, k]) * scale[n]) * s[m]   (+ bias[n]),
-// the same two roundings in the same order, so the bits are oneDNN's (tests compare them).
+// the same two roundings in the same order, so the bits are those of oneDNN's VNNI path (tests compare
+// them; its AMX path, not measured here, is only checked to within a rounding).
 //
 // Why hand-written (measured on a 2-core Zen 4 EPYC, AVX512-BF16, benchmarks/native_kernels.py):
 // the output head of the w4a8 target (151936 x 1536, 233 MB in int8) is the largest matrix a step
