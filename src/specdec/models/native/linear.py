@@ -227,11 +227,10 @@ class W8A8Linear(nn.Module):
             self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.long))
 
     def dequantized(self) -> torch.Tensor:  # [N, K], for tests: a one-hot row quantizes exactly
-        return self._scaled_sums(torch.eye(self.in_features), own_kernel=self.own_kernel).T
+        return self._scaled_sums(torch.eye(self.in_features)).T
 
-    def _scaled_sums(self, rows: torch.Tensor, *, own_kernel: bool,
-                     bias: bool = False) -> torch.Tensor:  # [M, K] fp32 -> [M, N] fp32
-        if own_kernel:
+    def _scaled_sums(self, rows: torch.Tensor, *, bias: bool = False) -> torch.Tensor:  # [M, K] fp32 -> [M, N] fp32
+        if self.own_kernel:
             out = torch.ops.specdec_w8a8.linear(rows, self.packed_weight, self.weight_sums, self.scales,
                                                 self.bias if bias else None, self.kernel_path)
             return out[:, :self.out_features] if out.shape[1] != self.out_features else out
@@ -243,7 +242,7 @@ class W8A8Linear(nn.Module):
         return out + self.bias if bias and self.bias is not None else out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
-        out = self._scaled_sums(x.reshape(-1, self.in_features).float(), own_kernel=self.own_kernel, bias=True)
+        out = self._scaled_sums(x.reshape(-1, self.in_features).float(), bias=True)
         return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
