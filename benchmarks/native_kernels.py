@@ -15,9 +15,14 @@ the bytes per second that sum reads.
 --head times the w4a8 target's output head (151936 x 1536 in w8a8) on specdec's kernel
 (kernels/w8a8.cpp) and on oneDNN's qlinear, interleaved, at 1..17 rows (the same bits on VNNI CPUs).
 
+--blocks times whole forwards of the embedded w4a8 target (1, 3, 5 and 9 new tokens after 300
+cached ones) with each decoder block as one C++ call (kernels/block.cpp) and op by op from Python,
+interleaved over 9 passes, and asserts that both give the same logits.
+
   python benchmarks/native_kernels.py
   python benchmarks/native_kernels.py --layers
   python benchmarks/native_kernels.py --head
+  python benchmarks/native_kernels.py --blocks
 """
 
 from __future__ import annotations
@@ -116,16 +121,61 @@ def time_head(passes: int = 9) -> list[dict]:
     return results
 
 
+def time_blocks(context: int = 300, passes: int = 9) -> list[dict]:
+    """Median ms of the real target's forward, blocks in one call against op by op, interleaved."""
+    from specdec.models.loader import load_model
+
+    runner = load_model("qwen2.5-coder-1.5b", quantize="w4a8", progress=False).runner
+    blocks = runner.decoder.blocks
+    if blocks[0].chain_call is None:
+        raise SystemExit("the target's blocks cannot run as one call here (no w4a8 kernels)")
+    generator = torch.Generator().manual_seed(0)
+    runner.forward(torch.randint(0, 150000, (1, context), generator=generator), torch.arange(context)[None],
+                   last_n_logits=1)
+
+    def forward(steps: int, one_call: bool, tokens: torch.Tensor) -> torch.Tensor:
+        for block in blocks:
+            block.use_chain_call = one_call
+        started = runner.seq_len
+        logits = runner.forward(tokens, torch.arange(started, started + steps)[None]).logits
+        runner.truncate([started])
+        return logits
+
+    times = {(steps, one_call): [] for steps in (1, 3, 5, 9) for one_call in (True, False)}
+    with torch.inference_mode():
+        for _ in range(passes):
+            for steps, one_call in times:
+                tokens = torch.randint(0, 150000, (1, steps), generator=generator)
+                started = time.perf_counter()
+                forward(steps, one_call, tokens)
+                times[(steps, one_call)].append(time.perf_counter() - started)
+        for steps in (1, 9):
+            tokens = torch.randint(0, 150000, (1, steps), generator=generator)
+            assert torch.equal(forward(steps, True, tokens), forward(steps, False, tokens)), "the two forms differ"
+    for block in blocks:
+        block.use_chain_call = True
+    results = []
+    print(f"{'tokens':>6}{'op by op ms':>13}{'one call ms':>13}{'ratio':>7}")
+    for steps in (1, 3, 5, 9):
+        ops, fused = (statistics.median(times[(steps, one_call)]) * 1e3 for one_call in (False, True))
+        results.append(dict(tokens=steps, context=context, op_by_op_ms=ops, one_call_ms=fused))
+        print(f"{steps:>6}{ops:>13.2f}{fused:>13.2f}{fused / ops:>7.2f}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", action="store_true", help="time the target's w4a8 projections layer by layer")
     parser.add_argument("--head", action="store_true", help="time the w8a8 output head on both kernels")
+    parser.add_argument("--blocks", action="store_true",
+                        help="time the real target's forward with its blocks as one call each and op by op")
     parser.add_argument("--json", default=None, help="where to write the results (default: benchmarks/results/"
-                        "native_kernels.json, native_kernels_layers.json or native_kernels_head.json)")
+                        "native_kernels.json, or native_kernels_layers/_head/_blocks.json)")
     args = parser.parse_args()
-    if args.layers or args.head:
-        results = time_layers() if args.layers else time_head()
-        path = Path(args.json or f"benchmarks/results/native_kernels_{'layers' if args.layers else 'head'}.json")
+    if args.layers or args.head or args.blocks:
+        mode = "layers" if args.layers else "head" if args.head else "blocks"
+        results = {"layers": time_layers, "head": time_head, "blocks": time_blocks}[mode]()
+        path = Path(args.json or f"benchmarks/results/native_kernels_{mode}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1))
         return

@@ -81,3 +81,40 @@ def test_a_model_with_the_kernels_agrees_with_its_pytorch_fallback():
     in_process = model.forward(torch.randint(0, 60, (1, 24), generator=torch.Generator().manual_seed(2)),
                                torch.arange(24)[None]).logits
     assert in_process.argmax(-1)[0].tolist() == list(map(int, outputs[0].stdout.split()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_w4a8_block_in_one_call_gives_the_op_by_op_bits(dtype, monkeypatch):
+    """kernels/block.cpp against Block.forward's op-by-op form: a prefill, decode steps, chains of
+    drafts, a second batch row of another length, and a forward over one cache row (CacheRows)."""
+    from specdec.models.native.model import ChainBlockCall
+
+    calls = []
+    real_call = ChainBlockCall.__call__
+    monkeypatch.setattr(ChainBlockCall, "__call__", lambda self, *args: calls.append(1) or real_call(self, *args))
+    model = make_model(seed=5, layers=3, hidden=64, random_bias=True)  # random q/k/v biases: Qwen2's
+    outputs = {}
+    for one_call in (True, False):
+        runner = make_native(model, dtype=dtype, quantize="w4a8", batch_size=2)
+        for block in runner.decoder.blocks:
+            assert block.chain_call is not None
+            block.use_chain_call = one_call
+        generator = torch.Generator().manual_seed(9)
+        logits = [runner.forward(torch.randint(2, 30, (2, 37), generator=generator),
+                                 torch.arange(37).expand(2, -1)).logits]
+        for steps in (1, 4, 1, 9):
+            start = runner.seq_len
+            logits.append(runner.forward(torch.randint(2, 30, (2, steps), generator=generator),
+                                         torch.arange(start, start + steps).expand(2, -1)).logits)
+        start = runner.cache.seq_lens[1]
+        logits.append(runner.forward(torch.randint(2, 30, (1, 3), generator=generator),
+                                     torch.arange(start, start + 3)[None], rows=slice(1, 2)).logits)
+        outputs[one_call] = logits
+    assert len(calls) == 6 * 3  # every chain forward ran one call per block
+    for fused, ops in zip(outputs[True], outputs[False]):
+        assert torch.equal(fused, ops)
+
+
+def test_blocks_that_are_not_all_w4a8_run_op_by_op():
+    runner = make_native(make_model(seed=5, layers=2, hidden=64), dtype=torch.float32, quantize="none")
+    assert all(block.chain_call is None for block in runner.decoder.blocks)

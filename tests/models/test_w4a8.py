@@ -158,3 +158,21 @@ def test_the_kernel_packs_the_same_bytes_as_the_python_reference(dtype):
     packed, scales, mins = pack(*quantize_weight(padded))
     assert torch.equal(linear.packed, packed)
     assert torch.equal(linear.scales, scales) and torch.equal(linear.mins, mins)
+
+
+@pytest.mark.parametrize("path", PATHS_HERE)
+def test_the_kernel_reads_bf16_and_writes_bf16_as_the_fp32_call_rounded_by_torch(path):
+    """W4A8Linear hands the kernel bf16 rows as they are and takes bf16 out of its store, only the
+    real outputs (here 200 of 13 blocks): the bits of .float() -> fp32 kernel -> slice -> .to(bfloat16)."""
+    generator = torch.Generator().manual_seed(12)
+    linear = W4A8Linear(torch.randn(200, 96, generator=generator), torch.randn(200, generator=generator),
+                        torch.bfloat16)
+    x = (torch.randn(9, 96, generator=generator) * torch.linspace(0.01, 30, 96)).bfloat16()
+    fp32 = torch.ops.specdec_w4a8.linear(x.float(), linear.packed, linear.scales, linear.mins, linear.bias,
+                                         ISA_PATHS[path])
+    assert fp32.shape == (9, 208)
+    out = linear(x, ISA_PATHS[path])
+    assert out.dtype == torch.bfloat16 and out.shape == (9, 200)
+    assert torch.equal(out.view(torch.int16), fp32[:, :200].to(torch.bfloat16).view(torch.int16))
+    bf16_in = torch.ops.specdec_w4a8.linear(x, linear.packed, linear.scales, linear.mins, linear.bias, ISA_PATHS[path])
+    assert torch.equal(bf16_in, fp32)

@@ -56,6 +56,9 @@ class StaticKVCache:
             self._allocate(min(capacity, self.max_capacity))
 
     # Whole-cache access is the view over every row.
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self._all.storage()
+
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:  # [B, H_kv, T, D] each
         self._all.write(layer, keys, values)
 
@@ -111,6 +114,11 @@ class CacheRows:
 
     def reserve(self, length: int) -> None:
         self.parent.reserve(length)
+
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The parent's whole keys and values [L, rows, H_kv, S, D] and this view's first row (for
+        kernels/block.cpp, which writes and reads them as write and view do)."""
+        return self.parent.keys, self.parent.values, self.start
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:  # [b, H_kv, T, D] each
         steps = keys.shape[2]

@@ -5,10 +5,11 @@
   target's output head).
 - attention.cpp: the blocked attention law of models/native/attention.py in one call per layer.
 - layer_ops.cpp: RMSNorm, and the q/k/v split with RoPE, of models/native/model.py in one call each.
+- block.cpp: a whole decoder block of a w4a8 model (model.py's Block) for a chain of new tokens.
 
 One library, built with torch.utils.cpp_extension (g++ and ninja; about 30 s, once per
-PyTorch version), registered as torch.ops.specdec_w4a8, torch.ops.specdec_w8a8, torch.ops.specdec_attention
-and torch.ops.specdec_layer.
+PyTorch version), registered as torch.ops.specdec_w4a8, torch.ops.specdec_w8a8, torch.ops.specdec_attention,
+torch.ops.specdec_layer and torch.ops.specdec_block.
 Where it cannot be built, `load()` says why and the callers keep PyTorch's own kernels.
 """
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "w8a8.cpp", "attention.cpp", "layer_ops.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("w4a8.cpp", "w8a8.cpp", "attention.cpp", "layer_ops.cpp",
+                                                             "block.cpp")]
 LIBRARY = "specdec_kernels"
 
 

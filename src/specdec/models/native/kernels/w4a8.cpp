@@ -56,7 +56,9 @@ struct Problem {
   const uint16_t* scales; // [N/16, K/32, 16] fp16 bits
   const uint16_t* mins;   // [N/16, K/32, 16] fp16 bits
   const float* bias;      // [N] or null
-  float* out;             // [M, N] fp32
+  void* out;              // [M, columns] fp32 or bf16 (out_bf16): the projection's own outputs, not the padding
+  bool out_bf16;
+  int64_t columns;        // N - 16 < columns <= N
   int64_t M, N, K;
 };
 
@@ -83,11 +85,36 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
+// fp32 -> bf16 bits, rounded to nearest even as c10::BFloat16(float) and Tensor.to(bfloat16) round
+// (the vector paths below do the same integer steps 16 or 8 lanes at a time). NaN -> 0x7fc0.
+inline uint16_t bf16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  if (std::isnan(value)) return 0x7fc0;
+  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+inline float bf16_to_float(uint16_t bits) {  // exact
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, 4);
+  return value;
+}
+
+// Output n of row m; columns past p.columns (a last block's padding) are not written.
+inline void store_one(const Problem& p, int64_t m, int64_t n, float value) {
+  if (n >= p.columns) return;
+  if (p.out_bf16) {
+    static_cast<uint16_t*>(p.out)[m * p.columns + n] = bf16_bits(value);
+  } else {
+    static_cast<float*>(p.out)[m * p.columns + n] = value;
+  }
+}
+
 inline void store_row(const Problem& p, int64_t m, int64_t n0, const float* y) {
   const float s = p.xscale[m];
-  float* out = p.out + m * p.N + n0;
   for (int64_t l = 0; l < kLanes; ++l) {
-    out[l] = p.bias ? y[l] * s + p.bias[n0 + l] : y[l] * s;
+    store_one(p, m, n0 + l, p.bias ? y[l] * s + p.bias[n0 + l] : y[l] * s);
   }
 }
 
@@ -125,6 +152,27 @@ void block_scalar(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
 // A group's eight vpmaddubsw results are added in int16 before one vpmaddwd widens them: each
 // holds pair sums of at most 2 * 15 * 127 = 3810 in magnitude, and 8 * 3810 = 30480 < 32767, so
 // the int16 sums are exact (the same integers as VNNI's) with 9 multiplies per 256 products, not 16.
+// Eight outputs of row m from n: fp32 as they are, or bf16 by bf16_bits' integer steps.
+__attribute__((target("avx2,fma,f16c"))) inline void store8_avx2(const Problem& p, int64_t m, int64_t n, __m256 v) {
+  if (n + 8 > p.columns) {  // the last block's real outputs only
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, v);
+    for (int64_t l = 0; l < 8; ++l) store_one(p, m, n + l, lanes[l]);
+    return;
+  }
+  if (!p.out_bf16) {
+    _mm256_storeu_ps(static_cast<float*>(p.out) + m * p.columns + n, v);
+    return;
+  }
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256 ordered = _mm256_cmp_ps(v, v, _CMP_ORD_Q);  // all ones where v is not NaN
+  rounded = _mm256_blendv_epi8(_mm256_set1_epi32(0x7fc0), rounded, _mm256_castps_si256(ordered));
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p.out) + m * p.columns + n), packed);
+}
+
 template <int R>
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_t b, int64_t m0) {
   const int64_t groups = p.K / kGroup;
@@ -165,7 +213,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
       const int64_t m = m0 + r, n = b * kLanes + 8 * half;
       __m256 v = _mm256_mul_ps(y[r], _mm256_set1_ps(p.xscale[m]));
       if (p.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p.bias + n));
-      _mm256_storeu_ps(p.out + m * p.N + n, v);
+      store8_avx2(p, m, n, v);
     }
   }
 }
@@ -179,6 +227,22 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
 // four blocks keep more of them in flight) and 5-17 rows 4-7% faster; 8 blocks spill registers.
 constexpr int kTileRows = 4;
 constexpr int kTileBlocks = 4;
+
+// Sixteen outputs of row m from n, masked to the real columns: fp32, or bf16 by bf16_bits' steps.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store16_avx512(const Problem& p, int64_t m,
+                                                                               int64_t n, __m512 v) {
+  const int64_t valid = std::min<int64_t>(kLanes, p.columns - n);
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  if (!p.out_bf16) {
+    _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * p.columns + n, mask, v);
+    return;
+  }
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  rounded = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), _mm512_set1_epi32(0x7fc0), rounded);
+  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * p.columns + n, mask, _mm512_cvtepi32_epi16(rounded));
+}
 
 template <int R, int B, bool kVnni>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
@@ -237,7 +301,7 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
       const int64_t m = m0 + r, n = (b0 + j) * kLanes;
       __m512 v = _mm512_mul_ps(y[r][j], _mm512_set1_ps(p.xscale[m]));
       if (p.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(p.bias + n));
-      _mm512_storeu_ps(p.out + m * p.N + n, v);
+      store16_avx512(p, m, n, v);
     }
   }
 }
@@ -297,16 +361,22 @@ void block_avx2(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
 
 // Per row: xq = round(x / s), s = max|x| / 127 (the same formula as W8A8Linear), and group sums.
 // xq is stored [K/8, M, 8], so a tile reads every row's 8 inputs of a chunk from one pointer.
-void quantize_row_scalar(const float* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
+// Rows come as fp32 or as bf16 (T = uint16_t bits), widened exactly on load: the same floats, so
+// the same bytes as quantizing x.float() (no fp32 copy of the activations per call).
+inline float input_at(const float* row, int64_t k) { return row[k]; }
+inline float input_at(const uint16_t* row, int64_t k) { return bf16_to_float(row[k]); }
+
+template <typename T>
+void quantize_row_scalar(const T* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
   const int64_t groups = K / kGroup;
   float amax = 0.f;
-  for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
+  for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(input_at(row, k)));
   const float s = std::fmax(amax, 1e-12f) / 127.f;
   scales[m] = s;
   for (int64_t g = 0; g < groups; ++g) {
     int32_t sum = 0;
     for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
-      const int32_t v = (int32_t)std::nearbyint(row[k] / s);  // round half to even, as torch.round
+      const int32_t v = (int32_t)std::nearbyint(input_at(row, k) / s);  // round half to even, as torch.round
       q[((k / 8) * M + m) * 8 + k % 8] = (int8_t)v;
       sum += v;
     }
@@ -319,18 +389,27 @@ void quantize_row_scalar(const float* row, int64_t m, int64_t M, int64_t K, int8
 // the rounding to nearest even is nearbyint's, the maximum and the integer sums are exact in any
 // order, so the bytes are the scalar loop's. The scalar loop cost ~30 us for the down
 // projection's 8960 inputs, against ~0.3 ms for the whole projection of one row.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const float* row) {
+  return _mm512_loadu_ps(row);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const uint16_t* row) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl")))
-void quantize_row_avx512(const float* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
+void quantize_row_avx512(const T* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
   const int64_t groups = K / kGroup;
   __m512 top = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+  for (int64_t k = 0; k < K; k += 16) top = _mm512_max_ps(top, _mm512_abs_ps(load16(row + k)));
   const float s = std::fmax(std::fmax(_mm512_reduce_max_ps(top), 0.f), 1e-12f) / 127.f;
   scales[m] = s;
   const __m512 divisor = _mm512_set1_ps(s);
   for (int64_t g = 0; g < groups; ++g) {
     __m512i sum = _mm512_setzero_si512();
     for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 16) {
-      const __m512 rounded = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(row + k), divisor),
+      const __m512 rounded = _mm512_roundscale_ps(_mm512_div_ps(load16(row + k), divisor),
                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       const __m512i v = _mm512_cvtps_epi32(rounded);
       sum = _mm512_add_epi32(sum, v);
@@ -344,12 +423,19 @@ void quantize_row_avx512(const float* row, int64_t m, int64_t M, int64_t K, int8
 
 // AVX2: 8 lanes, one chunk of xq per vector; the narrowing packs saturate, which values in
 // -127..127 never reach.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* row) { return _mm256_loadu_ps(row); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* row) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+template <typename T>
 __attribute__((target("avx2,fma")))
-void quantize_row_avx2(const float* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
+void quantize_row_avx2(const T* row, int64_t m, int64_t M, int64_t K, int8_t* q, float* sums, float* scales) {
   const int64_t groups = K / kGroup;
   const __m256 sign = _mm256_set1_ps(-0.f);
   __m256 top = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(row + k)));
+  for (int64_t k = 0; k < K; k += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, load8(row + k)));
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, top);
   float amax = 0.f;
@@ -360,7 +446,7 @@ void quantize_row_avx2(const float* row, int64_t m, int64_t M, int64_t K, int8_t
   for (int64_t g = 0; g < groups; ++g) {
     __m256i sum = _mm256_setzero_si256();
     for (int64_t k = g * kGroup; k < (g + 1) * kGroup; k += 8) {
-      const __m256 rounded = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + k), divisor),
+      const __m256 rounded = _mm256_round_ps(_mm256_div_ps(load8(row + k), divisor),
                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       const __m256i v = _mm256_cvtps_epi32(rounded);
       sum = _mm256_add_epi32(sum, v);
@@ -376,9 +462,9 @@ void quantize_row_avx2(const float* row, int64_t m, int64_t M, int64_t K, int8_t
 }
 #endif
 
-void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Tensor& xscale, int64_t isa) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const float* xs = x.data_ptr<float>();
+template <typename T>
+void quantize_rows(const T* xs, int64_t M, int64_t K, at::Tensor& xq, at::Tensor& xsum, at::Tensor& xscale,
+                   int64_t isa) {
   int8_t* q = xq.data_ptr<int8_t>();
   float* sums = xsum.data_ptr<float>();
   float* scales = xscale.data_ptr<float>();
@@ -399,8 +485,12 @@ void quantize_rows(const at::Tensor& x, at::Tensor& xq, at::Tensor& xsum, at::Te
   });
 }
 
+// x [M, K] fp32 or bf16 (other dtypes go through fp32) -> [M, columns] in out_dtype (default fp32):
+// the projection's real outputs (columns, default all N), rounded to bf16 in the kernel's store when
+// asked, which is the same rounding as Tensor.to(bfloat16) of the fp32 result, without its copies.
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
-                       const at::Tensor& mins, const c10::optional<at::Tensor>& bias, int64_t isa) {
+                       const at::Tensor& mins, const c10::optional<at::Tensor>& bias, int64_t isa,
+                       int64_t columns, c10::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(x.dim() == 2, "w4a8_linear: x must be [M, K]");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kChunks && packed.size(3) == 64 &&
                   packed.scalar_type() == at::kByte && packed.is_contiguous(),
@@ -412,7 +502,12 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
                   mins.is_contiguous() && scales.numel() == blocks * packed.size(1) * kLanes &&
                   mins.numel() == scales.numel(),
               "w4a8_linear: scales and mins must be contiguous fp16 [N/16, K/32, 16]");
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  if (columns < 0) columns = N;
+  TORCH_CHECK(columns <= N && columns > N - kLanes, "w4a8_linear: ", columns, " outputs do not fit ", blocks,
+              " blocks of 16");
+  const at::ScalarType want = out_dtype.value_or(at::kFloat);
+  const bool out_bf16 = want == at::kBFloat16;
+  const at::Tensor rows = x.scalar_type() == at::kBFloat16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   at::Tensor bias32;
   if (bias.has_value() && bias->defined()) {
     bias32 = bias->to(at::kFloat).contiguous();
@@ -421,12 +516,17 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   at::Tensor xq = at::empty({K / 8, M, 8}, x.options().dtype(at::kChar));
   at::Tensor xsum = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
   at::Tensor xscale = at::empty({M}, x.options().dtype(at::kFloat));
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  quantize_rows(x32, xq, xsum, xscale, isa);
+  at::Tensor out = at::empty({M, columns}, x.options().dtype(out_bf16 ? at::kBFloat16 : at::kFloat));
+  if (rows.scalar_type() == at::kBFloat16) {
+    quantize_rows(reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>()), M, K, xq, xsum, xscale, isa);
+  } else {
+    quantize_rows(rows.data_ptr<float>(), M, K, xq, xsum, xscale, isa);
+  }
   const Problem p{xq.data_ptr<int8_t>(), xsum.data_ptr<float>(), xscale.data_ptr<float>(),
                   packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
                   reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()),
-                  bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr<float>(), M, N, K};
+                  bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr(), out_bf16, columns,
+                  M, N, K};
   // Threads split the output blocks; each thread walks its blocks' weights once, all rows per block
   // (a block's weights, K * 8 bytes, stay in cache while its row tiles pass).
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
@@ -443,7 +543,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
         break;
     }
   });
-  return out;
+  return out_bf16 || want == at::kFloat ? out : out.to(want);
 }
 
 // quantize_weight + pack of w4a8.py in one pass over the weights (the reference stays in Python):
@@ -508,7 +608,8 @@ std::vector<at::Tensor> quantize_pack(const at::Tensor& weight, int64_t padded_o
 }  // namespace
 
 TORCH_LIBRARY(specdec_w4a8, m) {
-  m.def("linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor? bias, int isa) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor? bias, int isa, int columns=-1, "
+        "ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_pack(Tensor weight, int padded_outputs) -> Tensor[]");
 }
 

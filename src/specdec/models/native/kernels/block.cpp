@@ -1,0 +1,95 @@
+// One decoder block of the w4a8 target in one call: model.py's Block.forward for a chain of new tokens.
+//
+// Why: a one-token step of the 28-layer 1.5B target ran ~40 PyTorch ops and 9 module calls per
+// layer from Python. With the weights' work taken out (the same 28 layers at hidden size 128), that
+// glue alone cost ~4.9 ms of a ~43 ms step on a 2-core Zen 4 EPYC. Here the same ops run from C++
+// (python benchmarks/native_kernels.py --blocks measures both forms in one process).
+//
+// The same ops in the same order as the Python form, so the same bits (tests compare them):
+//   h = rms_norm(x); q, k, v = split_rope(qkv(h)); cache[row, :, start:start+T] = k, v;
+//   a = blocked attention of q over the cache's first key_length slots (one ChainChunk's bias);
+//   x = x + o(a); x = x + down(silu(gate) * up) with gate, up = gate_up(rms_norm(x)).
+// rms_norm, split_rope, blocked attention and the w4a8 projections are specdec's own kernels
+// (called through the dispatcher); silu, mul and add are ATen's, as in Python.
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const c10::optional<at::Tensor>&, int64_t, int64_t, c10::optional<at::ScalarType>);
+using NormFn = at::Tensor(const at::Tensor&, const at::Tensor&, double);
+using RopeFn = std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+                                       int64_t);
+using AttendFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+
+template <typename Fn>
+c10::TypedOperatorHandle<Fn> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+// weights: for qkv, o, gate_up, down in turn, (packed, scales, mins); biases: one per projection or
+// none; outputs: each projection's real output count. x [B, T, H]; cos, sin [B, 1, T, D];
+// cache_keys, cache_values [L, rows, Hkv, S, D]; the block's rows are first_row .. first_row + B,
+// and row b's new tokens go to slots starts[b] ..; bias: the forward's one ChainChunk bias.
+at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, const at::Tensor& mlp_norm, double eps,
+                       at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
+                       at::IntArrayRef outputs, int64_t isa, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t heads, int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
+                       const at::Tensor& cache_values, int64_t layer, int64_t first_row, at::IntArrayRef starts,
+                       int64_t key_length, const at::Tensor& bias, int64_t block) {
+  TORCH_CHECK(x.dim() == 3 && weights.size() == 12 && biases.size() == 4 && outputs.size() == 4,
+              "chain_block: x [B, T, H], 4 projections of (packed, scales, mins), 4 biases, 4 output counts");
+  const int64_t batch = x.size(0), steps = x.size(1), groups = heads / kv_heads;
+  TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch, "chain_block: one start per row");
+  static const auto linear = op<LinearFn>("specdec_w4a8::linear");
+  static const auto norm = op<NormFn>("specdec_layer::rms_norm");
+  static const auto split_rope = op<RopeFn>("specdec_layer::split_rope");
+  static const auto attend = op<AttendFn>("specdec_attention::blocked");
+  const c10::optional<at::ScalarType> dtype = x.scalar_type();
+  auto project = [&](int index, const at::Tensor& input) {  // [B, T, K] -> [B, T, N], as W4A8Linear.forward
+    const at::Tensor rows = input.reshape({-1, input.size(-1)});
+    const c10::optional<at::Tensor> projection_bias = biases.get(index);
+    return linear.call(rows, weights[3 * index], weights[3 * index + 1], weights[3 * index + 2], projection_bias, isa,
+                       outputs[index], dtype)
+        .view({batch, steps, outputs[index]});
+  };
+
+  // Attention (model.py's Attention.forward and attention.py's chain_attention, one chunk).
+  const std::vector<at::Tensor> qkv = split_rope.call(project(0, norm.call(x, attention_norm, eps)), cos, sin, heads,
+                                                      kv_heads, dim);
+  const at::Tensor layer_keys = cache_keys.select(0, layer), layer_values = cache_values.select(0, layer);
+  for (int64_t b = 0; b < batch; ++b) {
+    layer_keys.select(0, first_row + b).narrow(1, starts[b], steps).copy_(qkv[1].select(0, b));
+    layer_values.select(0, first_row + b).narrow(1, starts[b], steps).copy_(qkv[2].select(0, b));
+  }
+  const at::Tensor keys = layer_keys.narrow(0, first_row, batch).narrow(2, 0, key_length).unsqueeze(2);
+  const at::Tensor values = layer_values.narrow(0, first_row, batch).narrow(2, 0, key_length).unsqueeze(2);
+  const at::Tensor rows =
+      qkv[0].view({batch, kv_heads, groups, steps, dim}).reshape({batch, kv_heads, 1, groups * steps, dim});
+  const at::Tensor attended = attend.call(rows, keys, values, bias, block)
+                                  .reshape({batch, kv_heads, groups, steps, dim})
+                                  .reshape({batch, heads, steps, dim})
+                                  .transpose(1, 2)
+                                  .reshape({batch, steps, heads * dim});
+  const at::Tensor mid = x + project(1, attended);
+
+  // MLP (model.py's MLP.forward).
+  const std::vector<at::Tensor> gate_up = project(2, norm.call(mid, mlp_norm, eps)).chunk(2, -1);
+  return mid + project(3, at::silu(gate_up[0]) * gate_up[1]);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specdec_block, m) {
+  m.def("chain(Tensor x, Tensor attention_norm, Tensor mlp_norm, float eps, Tensor[] weights, Tensor?[] biases, "
+        "int[] outputs, int isa, Tensor cos, Tensor sin, int heads, int kv_heads, int dim, Tensor cache_keys, "
+        "Tensor cache_values, int layer, int first_row, int[] starts, int key_length, Tensor bias, int block) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec_block, CPU, m) { m.impl("chain", &chain_block); }
