@@ -65,6 +65,11 @@ def add_serve_command(sub) -> None:
                        help="chunked prefill: a newcomer's prompt is read N tokens per step, between the running "
                             "requests' decode steps, so a long prompt does not stall every stream for its whole "
                             "length (default: 256; 0 = whole prompts at once). Output is unchanged, bit for bit")
+    serve.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                       help="forget each request's cache when it finishes. By default a finished request's row "
+                            "stays in a free slot, and a later prompt that begins with its tokens (a chat's next "
+                            "turn, an agent's next call) reads only the rest: same output, bit for bit, less "
+                            "prefill (usage.prompt_tokens_details.cached_tokens says how much)")
     serve.add_argument("--api-key", default=None, metavar="KEY",
                        help="require `Authorization: Bearer KEY` on /v1 routes (and /metrics): others get 401. "
                             "Default: $SPECDEC_API_KEY, else none (anyone who reaches the port may use it)")
@@ -113,7 +118,8 @@ def cmd_serve(args) -> int:
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, spec_max_batch=spec_max_batch,
                        lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics,
-                       prefill_chunk=args.prefill_chunk or None, head=load_head(config, target))
+                       prefill_chunk=args.prefill_chunk or None, head=load_head(config, target),
+                       prompt_cache=args.prompt_cache)
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     if config.k == "auto" and config.method != "autoregressive":

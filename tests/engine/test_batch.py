@@ -423,3 +423,104 @@ def test_batched_ngram_then_draft_mixes_copied_and_drafted_rows_in_one_step(mode
         alone = single.generate(prompt, params[i], max_new_tokens=30)
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
     assert batched.proposer.steps_mixed > 0
+
+
+def _run_collecting_stats(engine, requests: dict) -> dict:
+    """run_all that also keeps each request's final stats: handle -> (tokens, finish reason, stats)."""
+    waiting, out, finals = list(requests.items()), {handle: [] for handle in requests}, {}
+    while waiting or engine.running:
+        while waiting and engine.free_slots:
+            engine.add(*waiting.pop(0))
+        for update in engine.step():
+            out[update.handle] += update.token_ids
+            if update.finish_reason:
+                finals[update.handle] = (update.finish_reason, update.stats)
+    return {handle: (out[handle], *finals[handle]) for handle in requests}
+
+
+def assert_parked_rows_hold_their_tokens(engine: BatchEngine, model) -> None:
+    """Every parked row's entries are, bit for bit, those of a fresh prefill of the tokens it is parked with."""
+    fresh = make_native(model)
+    cache = engine.target.cache
+    for row, tokens in engine._parked.items():
+        fresh.reset()
+        fresh.forward(torch.tensor([tokens]), torch.arange(len(tokens))[None])
+        assert cache.seq_lens[row] >= len(tokens)
+        assert torch.equal(cache.keys[:, row, :, :len(tokens)], fresh.cache.keys[:, 0, :, :len(tokens)]), row
+        assert torch.equal(cache.values[:, row, :, :len(tokens)], fresh.cache.values[:, 0, :, :len(tokens)]), row
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_next_turns_reuse_finished_rows_and_still_equal_each_request_alone(models, tokenizer, method, temperature):
+    """Prompt caching across requests: each second-turn prompt is a first-turn prompt, its answer and
+    more text, so its row starts as a copy of the finished request's (kept in a free row) and only the
+    rest is prefilled; an unrelated prompt reuses nothing. Every request still writes exactly what it
+    writes alone in a fresh engine, greedy and sampled."""
+    single = _single(models, tokenizer, method)
+    single.reuse_prefix = False  # alone means alone: a fresh prefill for every request
+    batched = _batched(models, tokenizer, method)
+    assert batched.prompt_cache
+
+    def params(i):
+        return SamplingParams(temperature=temperature, seed=11 + i)
+
+    first = {i: batched.make_request(prompt, params(i), max_new_tokens=n)
+             for i, (prompt, n) in enumerate(zip(PROMPTS[:3], [24, 9, 30]))}
+    first_got = _run_collecting_stats(batched, first)
+    assert len(batched._parked) == 3  # all three, though each finished with every slot taken
+    assert_parked_rows_hold_their_tokens(batched, models[0])
+    extra = tokenizer.encode(" and then? more", add_special_tokens=False)
+    second_prompts = {10 + i: list(first[i].prompt_ids) + first_got[i][0] + extra for i in (0, 2)}
+    second_prompts[20] = tokenizer.encode(PROMPTS[4], add_special_tokens=False)  # shares nothing
+    second = {handle: batched.make_request(ids, params(handle), max_new_tokens=20)
+              for handle, ids in second_prompts.items()}
+    got = _run_collecting_stats(batched, second)
+    assert_parked_rows_hold_their_tokens(batched, models[0])
+    for handle, request in {**first, **second}.items():
+        tokens, reason, stats = (first_got | got)[handle]
+        alone = single.generate(request.prompt_ids, params(handle), max_new_tokens=request.max_new_tokens)
+        assert (tokens, reason) == (alone.token_ids, alone.finish_reason), f"request {handle}"
+    for handle in (10, 12):  # the first turn's prompt and answer came from the parked row
+        assert got[handle][2].prompt_tokens_reused >= len(second_prompts[handle]) - len(extra) - 1
+    assert got[20][2].prompt_tokens_reused == 0
+    assert batched.reused_prompt_tokens == got[10][2].prompt_tokens_reused + got[12][2].prompt_tokens_reused
+
+
+def test_prompt_cache_off_prefills_every_prompt(models, tokenizer):
+    target = make_native(models[0], batch_size=SLOTS)
+    engine = BatchEngine(target, None, tokenizer, k=3, prompt_cache=False)
+    first = engine.make_request(PROMPTS[5], SamplingParams(temperature=0), max_new_tokens=10)
+    answer = _run_collecting_stats(engine, {0: first})[0][0]
+    again = engine.make_request(list(first.prompt_ids) + answer, SamplingParams(temperature=0), max_new_tokens=5)
+    assert _run_collecting_stats(engine, {1: again})[1][2].prompt_tokens_reused == 0
+    assert engine.reused_prompt_tokens == 0
+
+
+def test_parked_rows_move_out_of_the_way_and_serve_the_turns_that_continue_them(models, tokenizer):
+    """Two conversations and a short unrelated request through 3 slots, so a parked row is moved aside
+    by a request that reuses nothing (rounds 1 and 4), swapped into the newcomer's row (2, 3, 6), used in
+    place (3) and copied into a free row (5); every turn still writes exactly what it writes alone."""
+    single = _single(models, tokenizer, "ngram")
+    single.reuse_prefix = False
+    batched = _batched(models, tokenizer, "ngram")
+    greedy = SamplingParams(temperature=0)
+    history = {"a": tokenizer.encode(PROMPTS[0], add_special_tokens=False),
+               "b": tokenizer.encode(PROMPTS[5], add_special_tokens=False),
+               "x": tokenizer.encode("x?", add_special_tokens=False)}  # with 3 new tokens, too short to park
+    turn = tokenizer.encode(" then?", add_special_tokens=False)
+    rounds = [["a"], ["b"], ["a"], ["b", "a"], ["x"], ["a"], ["b"]]
+    reused = {}
+    for number, names in enumerate(rounds):
+        requests = {name: batched.make_request(history[name], greedy, max_new_tokens=3 if name == "x" else 8 + number)
+                    for name in names}
+        got = _run_collecting_stats(batched, requests)
+        assert_parked_rows_hold_their_tokens(batched, models[0])
+        for name, request in requests.items():
+            tokens, reason, stats = got[name]
+            alone = single.generate(request.prompt_ids, greedy, max_new_tokens=request.max_new_tokens)
+            assert (tokens, reason) == (alone.token_ids, alone.finish_reason), f"round {number}, {name}"
+            if name != "x":
+                reused[(number, name)] = stats.prompt_tokens_reused
+                history[name] = list(request.prompt_ids) + tokens + turn
+    assert [count > 0 for _, count in sorted(reused.items())] == [False, False, True, True, True, True, True]

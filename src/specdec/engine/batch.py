@@ -18,6 +18,12 @@ Row b draws exactly the random numbers it would draw alone, and its tokens
 depend only on its own context, so a request's output does not depend on what
 else runs beside it (tests compare with SpecEngine).
 
+Prompt caching across requests: a finished request's cache row is kept in a free row, with the
+tokens it holds (prompt and answer). A newcomer whose prompt begins with such tokens (the next
+turn of a chat, an agent's next call) takes a copy of that row and prefills only the rest, as
+llama.cpp's server does with its slots. Exact by the native decoder's chunking invariance (its
+probe), the same law that makes SpecEngine.reuse_prefix and verification exact.
+
 Rows may draft trees (EAGLE-2's dynamic tree, Medusa's static one): the step's
 forward then carries each row's ancestor mask (a chain row's is causal) and each
 node sits at its depth, so the native decoder's tree attention gives every node the
@@ -96,7 +102,11 @@ class BatchEngine:
 
     def __init__(self, target: NativeRunner, proposer: BatchProposer | None = None, tokenizer: object | None = None,
                  *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
-                 spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8) -> None:
+                 spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8,
+                 prompt_cache: bool = True) -> None:
+        """prompt_cache: keep finished requests' cache rows in free rows for later prompts that begin
+        with their tokens (on where the target's prefix reuse is exact and the proposer does not read
+        the target's features, which a copied row would lack)."""
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
@@ -124,6 +134,10 @@ class BatchEngine:
         # EAGLE / EAGLE-3 / Medusa: the proposer reads the target's features (all of a row's, from its prefill on).
         self._reads_hidden = bool(getattr(proposer, "reads_target_hidden", False))
         self._feature_layers = tuple(getattr(proposer, "target_layers", ()))
+        self.prompt_cache = (prompt_cache and not self._reads_hidden
+                             and bool(getattr(target, "exact_prefix_reuse", False)))
+        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds, oldest first
+        self.reused_prompt_tokens = 0  # prompt tokens copied from parked rows instead of prefilled
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -168,18 +182,57 @@ class BatchEngine:
         # prompt's features, which the twin's proposer has already read: prefill those requests anew.
         twin = None if self._reads_hidden else self._row_with_prompt(request.prompt_ids)
         if twin is not None:
+            self._parked.pop(row, None)  # overwritten below
             # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
             # with exactly this prefill, computed by the same forward, so copy it instead of recomputing.
             self.target.move_row(twin, row)  # a copy: the source row keeps its entries
             self.target.truncate([len(request.prompt_ids) - 1], rows=slice(row, row + 1))
-            running.prefilled = len(request.prompt_ids) - 1
+            running.prefilled = running.stats.prompt_tokens_reused = len(request.prompt_ids) - 1
             self.shared_prefills += 1
             self._prefilling.append(running)
+        elif (reused := self._reuse_parked(request.prompt_ids, row)) > 0:
+            running.prefilled = running.stats.prompt_tokens_reused = reused
+            self.reused_prompt_tokens += reused
+            self._prefilling.append(running)  # it holds entries: after every waiting row, never reordered
         else:
             self.target.truncate([0], rows=slice(row, row + 1))
             self._queue_for_prefill(running)
         if self.prefill_chunk is None:
             self._prefill(budget=None)
+
+    MIN_REUSED_TOKENS = 8  # a shorter common prefix is not worth a row copy
+
+    def _reuse_parked(self, prompt_ids: list[int], row: int) -> int:
+        """Give row the entries of the parked row sharing the longest prefix with prompt_ids (all but
+        the prompt's last token at most); how many it got (0: none worth taking). The parked row is
+        used up: the conversation it holds parks again, longer, when this request finishes."""
+        best, best_length = None, 0
+        for parked, tokens in self._parked.items():
+            length = common_prefix_length(tokens, prompt_ids, len(prompt_ids) - 1)
+            if length > best_length or (length == best_length and parked == row):
+                best, best_length = parked, length
+        if best is None or best_length < self.MIN_REUSED_TOKENS:
+            if row in self._parked:  # this request's prefill overwrites row: keep its parked entries elsewhere
+                spare = next((free for free in range(row + 1, self.slots) if free not in self._parked), None)
+                if spare is not None:
+                    self.target.move_row(row, spare)
+                    self._parked[spare] = self._parked[row]
+                del self._parked[row]
+            return 0
+        if best != row and row in self._parked:  # keep what row holds parked, where best was
+            self.target.swap_rows(best, row)
+            self._parked[best] = self._parked.pop(row)
+        else:
+            if best != row:
+                self.target.move_row(best, row)
+            self._parked.pop(best)
+        self.target.truncate([best_length], rows=slice(row, row + 1))
+        return best_length
+
+    def _parkable(self, row: int) -> list[int] | None:
+        """The tokens whose entries finished row holds, if worth keeping for later prompts."""
+        cached = min(len(self._rows[row].tokens), self.target.row_lengths(slice(row, row + 1))[0])
+        return self._rows[row].tokens[:cached] if cached >= self.MIN_REUSED_TOKENS else None
 
     def _queue_for_prefill(self, running: _Running) -> None:
         """Shortest prompt first among the prompts not yet begun: with chunked prefill, a short question
@@ -270,6 +323,7 @@ class BatchEngine:
         handles = self.handles()
         self._rows.clear()
         self._prefilling.clear()
+        self._parked.clear()  # an error may have left any row half-written
         return handles
 
     # ---- the step ---------------------------------------------------------------------------
@@ -392,24 +446,37 @@ class BatchEngine:
                 end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
             if self.goodput is not None:
                 self.goodput.forget(self._rows[b].handle)
-            self._free(b)
+            parked = self._parkable(b) if self.prompt_cache else None
+            self._free(b, keep=parked is not None)
+            if parked is not None:  # the freed row, now the first free one, holds it
+                self._parked[self.running] = parked
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates
 
-    def _free(self, row: int) -> None:
-        """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow."""
+    def _free(self, row: int, keep: bool = False) -> None:
+        """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow.
+        keep: by swaps instead of copies, so the freed row's entries end in the first free row."""
         last = len(self._rows) - 1
+        move = self.target.swap_rows if keep else self.target.move_row
         if row != last:
-            self.target.move_row(last, row)
+            move(last, row)
             if self.proposer is not None:
                 self.proposer.move_row(last, row)
             self._rows[row] = self._rows[last]
         self._rows.pop()
         for index in range(len(self._prefilling)):
-            self.target.move_row(last + 1 + index, last + index)
+            move(last + 1 + index, last + index)
 
     def _drop_prefilling(self, index: int) -> None:
         first = len(self._rows)
         for later in range(index + 1, len(self._prefilling)):
             self.target.move_row(first + later, first + later - 1)
         self._prefilling.pop(index)
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most limit."""
+    length, limit = 0, min(limit, len(a), len(b))
+    while length < limit and a[length] == b[length]:
+        length += 1
+    return length

@@ -99,6 +99,15 @@ class StaticKVCache:
         self.values[:, destination, :, :length] = self.values[:, source, :, :length]
         self.seq_lens[destination] = length
 
+    def swap_rows(self, first: int, second: int) -> None:
+        """Exchange two rows' entries (a packing that keeps the row it frees, for prompt caching)."""
+        length = max(self.seq_lens[first], self.seq_lens[second])
+        for storage in (self.keys, self.values):
+            saved = storage[:, first, :, :length].clone()
+            storage[:, first, :, :length] = storage[:, second, :, :length]
+            storage[:, second, :, :length] = saved
+        self.seq_lens[first], self.seq_lens[second] = self.seq_lens[second], self.seq_lens[first]
+
 
 class CacheRows:
     """Rows [start, stop) of a StaticKVCache, with the same interface: a forward over

@@ -26,7 +26,8 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
                  max_context: int | None = None, default_max_tokens: int = 256,
                  spec_max_batch: int | None = None, lenience: float = 1.0, api_key: str | None = None,
-                 public_metrics: bool = False, prefill_chunk: int | None = None, head=None) -> FastAPI:
+                 public_metrics: bool = False, prefill_chunk: int | None = None, head=None,
+                 prompt_cache: bool = True) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
     and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
@@ -36,7 +37,9 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     with --method suffix all requests share one cache of earlier outputs;
     lenience: every request's (sampling/params.py); below 1 the server is LOSSY, and its /v1/models
     and each response's `speculative` block say so; head: (LoadedHead, FrozenVocabulary) for an
-    eagle / eagle3 / medusa method (factory.load_head).
+    eagle / eagle3 / medusa method (factory.load_head); prompt_cache: a finished request's cache row
+    stays in a free slot, and a later prompt that begins with its tokens prefills only the rest
+    (engine/batch.py; exact, and reported as usage.prompt_tokens_details.cached_tokens).
     """
     from specdec.factory import batch_proposer_for
 
@@ -61,7 +64,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     proposer = batch_proposer_for(config, slots=slots, draft_runner=draft, head=head)
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
     engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch,
-                         prefill_chunk=prefill_chunk, max_k=config.max_k)
+                         prefill_chunk=prefill_chunk, max_k=config.max_k, prompt_cache=prompt_cache)
     metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,

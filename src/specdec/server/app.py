@@ -395,7 +395,10 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         """usage (the prompt once, every choice's tokens) and `speculative` (over all choices)."""
         prompt = len(jobs[0].request.prompt_ids)
         completion = sum(len(job.request.generated) for job in jobs)
-        return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        # OpenAI's field for prompt tokens served from a cache (here: a finished request's row, or a twin's).
+        cached = max(final.stats.prompt_tokens_reused for final in finals)
+        return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                          "prompt_tokens_details": {"cached_tokens": cached}},
                 "speculative": _speculative([final.stats for final in finals])}
 
     def _speculative(all_stats: list[RequestStats]) -> dict:

@@ -221,6 +221,10 @@ class NativeRunner:
         self.cache_version += 1
         self.cache.move_row(source, destination)
 
+    def swap_rows(self, first: int, second: int) -> None:
+        self.cache_version += 1
+        self.cache.swap_rows(first, second)
+
     def _cache_rows(self, rows: slice | None):
         if rows is None:
             return self.cache
