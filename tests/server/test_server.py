@@ -458,3 +458,23 @@ def test_n_samples_share_one_prefill_and_each_is_the_seeded_request_alone(client
     assert [streamed[i] for i in range(3)] == texts and finished == {0, 1, 2}
     completion = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=6, temperature=0, n=2)
     assert len(completion.choices) == 2 and completion.choices[0].text == completion.choices[1].text  # greedy
+
+
+def test_a_chats_next_turns_read_only_their_new_tokens_and_answer_as_without_the_cache(client, reference):
+    """Prompt caching across requests: turn n + 1's prompt begins with turn n's prompt and answer, which
+    the server kept in a free slot; usage.prompt_tokens_details.cached_tokens says how many tokens it
+    did not read again, and every answer is still the target's greedy one."""
+    messages = [{"role": "user", "content": "tell me about foxes, quick ones"}]
+    previous_prompt = 0
+    for turn in range(3):
+        response = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=20, temperature=0)
+        ids = chat_template_ids(chat_tokenizer(), messages)
+        expected = reference.generate(ids, SamplingParams(temperature=0), max_new_tokens=20)
+        answer = response.choices[0].message.content
+        assert answer == expected.text
+        cached = response.usage.prompt_tokens_details.cached_tokens
+        assert response.usage.prompt_tokens == len(ids)
+        if turn:
+            assert previous_prompt <= cached < len(ids)  # at least the last turn's whole prompt
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and turn {turn}?"}]
+        previous_prompt = len(ids)
