@@ -136,7 +136,7 @@ class BatchEngine:
         self._feature_layers = tuple(getattr(proposer, "target_layers", ()))
         self.prompt_cache = (prompt_cache and not self._reads_hidden
                              and bool(getattr(target, "exact_prefix_reuse", False)))
-        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds, oldest first
+        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds
         self.reused_prompt_tokens = 0  # prompt tokens copied from parked rows instead of prefilled
 
     # ---- requests ---------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class BatchEngine:
         # prompt's features, which the twin's proposer has already read: prefill those requests anew.
         twin = None if self._reads_hidden else self._row_with_prompt(request.prompt_ids)
         if twin is not None:
-            self._parked.pop(row, None)  # overwritten below
+            self._vacate(row)
             # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
             # with exactly this prefill, computed by the same forward, so copy it instead of recomputing.
             self.target.move_row(twin, row)  # a copy: the source row keeps its entries
@@ -212,12 +212,7 @@ class BatchEngine:
             if length > best_length or (length == best_length and parked == row):
                 best, best_length = parked, length
         if best is None or best_length < self.MIN_REUSED_TOKENS:
-            if row in self._parked:  # this request's prefill overwrites row: keep its parked entries elsewhere
-                spare = next((free for free in range(row + 1, self.slots) if free not in self._parked), None)
-                if spare is not None:
-                    self.target.move_row(row, spare)
-                    self._parked[spare] = self._parked[row]
-                del self._parked[row]
+            self._vacate(row)
             return 0
         if best != row and row in self._parked:  # keep what row holds parked, where best was
             self.target.swap_rows(best, row)
@@ -228,6 +223,16 @@ class BatchEngine:
             self._parked.pop(best)
         self.target.truncate([best_length], rows=slice(row, row + 1))
         return best_length
+
+    def _vacate(self, row: int) -> None:
+        """Row is about to be overwritten: what is parked there moves to another free row, if one is."""
+        if row not in self._parked:
+            return
+        spare = next((free for free in range(row + 1, self.slots) if free not in self._parked), None)
+        if spare is not None:
+            self.target.move_row(row, spare)
+            self._parked[spare] = self._parked[row]
+        del self._parked[row]
 
     def _parkable(self, row: int) -> list[int] | None:
         """The tokens whose entries finished row holds, if worth keeping for later prompts."""
