@@ -460,12 +460,12 @@ def test_n_samples_share_one_prefill_and_each_is_the_seeded_request_alone(client
     assert len(completion.choices) == 2 and completion.choices[0].text == completion.choices[1].text  # greedy
 
 
-def test_a_chats_next_turns_read_only_their_new_tokens_and_answer_as_without_the_cache(client, reference):
+def test_a_chats_next_turns_read_only_their_new_tokens_and_answer_as_without_the_cache(client, reference, url):
     """Prompt caching across requests: turn n + 1's prompt begins with turn n's prompt and answer, which
     the server kept in a free slot; usage.prompt_tokens_details.cached_tokens says how many tokens it
     did not read again, and every answer is still the target's greedy one."""
     messages = [{"role": "user", "content": "tell me about foxes, quick ones"}]
-    previous_prompt = 0
+    previous_prompt, cached_before, cached_here = 0, metrics(url)["specdec_prompt_tokens_cached_total"], 0
     for turn in range(3):
         response = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=20, temperature=0)
         ids = chat_template_ids(chat_tokenizer(), messages)
@@ -477,4 +477,5 @@ def test_a_chats_next_turns_read_only_their_new_tokens_and_answer_as_without_the
         if turn:
             assert previous_prompt <= cached < len(ids)  # at least the last turn's whole prompt
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"and turn {turn}?"}]
-        previous_prompt = len(ids)
+        previous_prompt, cached_here = len(ids), cached_here + cached
+    assert metrics(url)["specdec_prompt_tokens_cached_total"] - cached_before == cached_here  # Prometheus too

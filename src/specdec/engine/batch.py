@@ -137,7 +137,7 @@ class BatchEngine:
         self.prompt_cache = (prompt_cache and not self._reads_hidden
                              and bool(getattr(target, "exact_prefix_reuse", False)))
         self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds
-        self.reused_prompt_tokens = 0  # prompt tokens copied from parked rows instead of prefilled
+        self.reused_prompt_tokens = 0  # prompt tokens copied from other rows (parked, or a twin's) instead of prefilled
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -188,6 +188,7 @@ class BatchEngine:
             self.target.move_row(twin, row)  # a copy: the source row keeps its entries
             self.target.truncate([len(request.prompt_ids) - 1], rows=slice(row, row + 1))
             running.prefilled = running.stats.prompt_tokens_reused = len(request.prompt_ids) - 1
+            self.reused_prompt_tokens += running.prefilled
             self.shared_prefills += 1
             self._prefilling.append(running)
         elif (reused := self._reuse_parked(request.prompt_ids, row)) > 0:

@@ -37,7 +37,10 @@ class ServerMetrics:
         self.rejected = Counter("specdec_rejected_requests_total", "Requests answered with an error before "
                                 "running (bad_request, not_found, queue_full, unavailable).", ["reason"],
                                 registry=registry)
-        self.prompt_tokens = Counter("specdec_prompt_tokens_total", "Prompt tokens prefilled.", registry=registry)
+        self.prompt_tokens = Counter("specdec_prompt_tokens_total", "Prompt tokens received.", registry=registry)
+        self.cached_prompt_tokens = Counter("specdec_prompt_tokens_cached_total", "Prompt tokens not prefilled: "
+                                            "copied from a finished request's row (prompt cache) or a running "
+                                            "twin's.", registry=registry)
         self.generation_tokens = Counter("specdec_generation_tokens_total", "Tokens generated.", registry=registry)
         self.time_to_first_token = Histogram("specdec_time_to_first_token_seconds", "Arrival to first token.",
                                              buckets=LATENCY_BUCKETS, registry=registry)

@@ -152,6 +152,7 @@ class Scheduler:
 
     def _admit(self, job: Job) -> None:
         self.metrics.queue_time.observe(time.perf_counter() - job.submitted)
+        reused_before = self.engine.reused_prompt_tokens
         try:
             self.engine.add(job.id, job.request)
         except Exception as error:  # noqa: BLE001 - one bad request must not stop the server
@@ -160,6 +161,7 @@ class Scheduler:
             self._finish(job, "error")
             return
         self.metrics.prompt_tokens.inc(len(job.request.prompt_ids))
+        self.metrics.cached_prompt_tokens.inc(self.engine.reused_prompt_tokens - reused_before)
         self._running[job.id] = job
         self.metrics.running.set(len(self._running))
 
