@@ -85,21 +85,11 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-// fp32 -> bf16 bits, rounded to nearest even as c10::BFloat16(float) and Tensor.to(bfloat16) round
-// (the vector paths below do the same integer steps 16 or 8 lanes at a time). NaN -> 0x7fc0.
-inline uint16_t bf16_bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  if (std::isnan(value)) return 0x7fc0;
-  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-}
-
-inline float bf16_to_float(uint16_t bits) {  // exact
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, 4);
-  return value;
-}
+// bf16 through c10::BFloat16, the type behind Tensor.to(bfloat16): its float constructor rounds to
+// nearest even (NaN -> 0x7fc0), which the vector stores below repeat 16 or 8 lanes at a time; its
+// widening to float is exact.
+inline uint16_t bf16_bits(float value) { return c10::BFloat16(value).x; }
+inline float bf16_to_float(uint16_t bits) { return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits())); }
 
 // Output n of row m; columns past p.columns (a last block's padding) are not written.
 inline void store_one(const Problem& p, int64_t m, int64_t n, float value) {
