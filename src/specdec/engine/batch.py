@@ -186,12 +186,12 @@ class BatchEngine:
             # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
             # with exactly this prefill, computed by the same forward, so copy it instead of recomputing.
             self.target.move_row(twin, row)  # a copy: the source row keeps its entries
-            self.target.truncate([len(request.prompt_ids) - 1], rows=slice(row, row + 1))
-            running.prefilled = running.stats.prompt_tokens_reused = len(request.prompt_ids) - 1
-            self.reused_prompt_tokens += running.prefilled
+            reused = len(request.prompt_ids) - 1
+            self.target.truncate([reused], rows=slice(row, row + 1))
             self.shared_prefills += 1
-            self._prefilling.append(running)
-        elif (reused := self._reuse_parked(request.prompt_ids, row)) > 0:
+        else:
+            reused = self._reuse_parked(request.prompt_ids, row)
+        if reused:
             running.prefilled = running.stats.prompt_tokens_reused = reused
             self.reused_prompt_tokens += reused
             self._prefilling.append(running)  # it holds entries: after every waiting row, never reordered
@@ -215,12 +215,13 @@ class BatchEngine:
         if best is None or best_length < self.MIN_REUSED_TOKENS:
             self._vacate(row)
             return 0
-        if best != row and row in self._parked:  # keep what row holds parked, where best was
+        if best == row:
+            self._parked.pop(row)
+        elif row in self._parked:  # keep what row holds parked, where best was
             self.target.swap_rows(best, row)
             self._parked[best] = self._parked.pop(row)
         else:
-            if best != row:
-                self.target.move_row(best, row)
+            self.target.move_row(best, row)
             self._parked.pop(best)
         self.target.truncate([best_length], rows=slice(row, row + 1))
         return best_length
