@@ -66,7 +66,7 @@ def time_layers(layers: int = 8, passes: int = 12) -> list[dict]:
     torch.manual_seed(0)
     stack = [{name: W4A8Linear(torch.randn(*shape) * 0.02, None, torch.bfloat16) for name, shape in LAYER_SHAPES.items()}
              for _ in range(layers)]
-    layer_bytes = sum(m.packed.numel() + 2 * m.scales.numel() * 2 for m in stack[0].values())
+    layer_bytes = sum(m.packed.numel() + m.codes.numel() + 2 * m.supers.numel() for m in stack[0].values())
     inputs = {(rows, name): torch.randn(rows, shape[1]).bfloat16() for rows in LAYER_ROWS
               for name, shape in LAYER_SHAPES.items()}
     times = {key: [] for key in inputs}

@@ -142,7 +142,7 @@ class ChainBlockCall:
     def __init__(self, block: Block) -> None:
         attention, mlp = block.attention, block.mlp
         projections = (attention.qkv, attention.out, mlp.gate_up, mlp.down)
-        self.weights = [tensor for linear in projections for tensor in (linear.packed, linear.scales, linear.mins)]
+        self.weights = [tensor for linear in projections for tensor in (linear.packed, linear.codes, linear.supers)]
         self.biases = [linear.bias for linear in projections]
         self.outputs = [linear.out_features for linear in projections]
         self.isa = ISA_PATHS[attention.qkv.path]

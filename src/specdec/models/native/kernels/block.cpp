@@ -33,7 +33,7 @@ c10::TypedOperatorHandle<Fn> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
 }
 
-// weights: for qkv, o, gate_up, down in turn, (packed, scales, mins); biases: one per projection or
+// weights: for qkv, o, gate_up, down in turn, (packed, codes, supers); biases: one per projection or
 // none; outputs: each projection's real output count. x [B, T, H]; cos, sin [B, 1, T, D];
 // cache_keys, cache_values [L, rows, Hkv, S, D]; the block's rows are first_row .. first_row + B,
 // and row b's new tokens go to slots starts[b] ..; bias: the forward's one ChainChunk bias.
@@ -44,7 +44,7 @@ at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, co
                        const at::Tensor& cache_values, int64_t layer, int64_t first_row, at::IntArrayRef starts,
                        int64_t key_length, const at::Tensor& bias, int64_t block) {
   TORCH_CHECK(x.dim() == 3 && weights.size() == 12 && biases.size() == 4 && outputs.size() == 4,
-              "chain_block: x [B, T, H], 4 projections of (packed, scales, mins), 4 biases, 4 output counts");
+              "chain_block: x [B, T, H], 4 projections of (packed, codes, supers), 4 biases, 4 output counts");
   const int64_t batch = x.size(0), steps = x.size(1), groups = heads / kv_heads;
   TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch, "chain_block: one start per row");
   static const auto linear = op<LinearFn>("specdec_w4a8::linear");

@@ -7,7 +7,12 @@
 // from 1 to 16 rows, so every weight is unpacked once per call and used by every row.
 //
 // Format (written by w4a8.py): per group of 32 inputs and per output, w ~= q * scale + min with
-// q in 0..15 (asymmetric round-to-nearest, as GGUF's Q4_1), scale and min in fp16.
+// q in 0..15 (asymmetric round-to-nearest), where scale = d * sc and min = dmin * mn: sc (1..255)
+// and mn (-128..127) are 8-bit codes per group, d and dmin fp16 per super-block of 8 groups (256
+// inputs), as GGUF's Q4_K (which has 6-bit codes). 4.625 bits per weight, against 5 for fp16 scale
+// and min per group (GGUF's Q4_1, this kernel's earlier format): 7.5% fewer bytes for a step that
+// reads every weight once. Both products are exact in fp32 (11-bit x 8-bit significands), so every
+// path computes the same scale and min.
 // Activations: per row, xq = round(x / s) in -127..127 with s = max|x| / 127 (per-token dynamic
 // quantization, SmoothQuant arXiv 2211.10438 without smoothing). Then, exactly:
 //   sum_k x[k] w[k] ~= s * sum_g (scale_g * sum_{k in g} q[k] xq[k] + min_g * sum_{k in g} xq[k]).
@@ -21,7 +26,9 @@
 // Packed weights, uint8 [N/16, K/32, 4, 64]: output block b (16 outputs), group g, chunk c; byte
 // lane * 4 + i holds q[16b + lane, 32g + 8c + i] in its low nibble and q[.., 32g + 8c + 4 + i] in
 // its high nibble: one 64-byte load gives two vpdpbusd operands (16 lanes x 4 inputs each).
-// scales, mins: fp16 [N/16, K/32, 16].
+// codes, uint8 [N/16, K/32, 32]: the block's 16 scale codes sc, then its 16 min codes mn (int8 bits).
+// supers, fp16 [N/16, ceil(K/256), 32]: the block's 16 d, then its 16 dmin, per super-block (the last
+// one may hold fewer than 8 groups).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -45,6 +52,9 @@ typedef int32_t unaligned_int32 __attribute__((aligned(1), may_alias));
 constexpr int64_t kLanes = 16;
 constexpr int64_t kGroup = 32;
 constexpr int64_t kChunks = kGroup / 8;  // 64-byte chunks per group and block
+constexpr int64_t kSuperGroups = 8;      // groups per super-block (256 inputs, as GGUF's Q4_K)
+
+inline int64_t super_blocks(int64_t groups) { return (groups + kSuperGroups - 1) / kSuperGroups; }
 
 enum Isa : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 
@@ -53,14 +63,22 @@ struct Problem {
   const float* xsum;      // [M, K/32] group sums of xq (exact integers as floats)
   const float* xscale;    // [M] per-row scales
   const uint8_t* packed;  // [N/16, K/32, 4, 64]
-  const uint16_t* scales; // [N/16, K/32, 16] fp16 bits
-  const uint16_t* mins;   // [N/16, K/32, 16] fp16 bits
+  const uint8_t* codes;   // [N/16, K/32, 32]: 16 scale codes, 16 min codes (int8)
+  const uint16_t* supers; // [N/16, ceil(K/256), 32] fp16 bits: 16 d, 16 dmin
   const float* bias;      // [N] or null
   void* out;              // [M, columns] fp32 or bf16 (out_bf16): the projection's own outputs, not the padding
   bool out_bf16;
   int64_t columns;        // N - 16 < columns <= N
   int64_t M, N, K;
 };
+
+// Group g of output block b: its 32 code bytes, and its super-block's 32 fp16 steps.
+inline const uint8_t* group_codes(const Problem& p, int64_t b, int64_t g) {
+  return p.codes + (b * (p.K / kGroup) + g) * 2 * kLanes;
+}
+inline const uint16_t* group_supers(const Problem& p, int64_t b, int64_t g) {
+  return p.supers + (b * super_blocks(p.K / kGroup) + g / kSuperGroups) * 2 * kLanes;
+}
 
 inline float half_to_float(uint16_t h) {
   // IEEE half -> float, exact (subnormals included); the vector paths use F16C's vcvtph2ps.
@@ -126,8 +144,10 @@ void block_scalar(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
             acc += (int32_t)(byte & 0x0f) * x[i] + (int32_t)(byte >> 4) * x[4 + i];
           }
         }
-        const float scale = half_to_float(p.scales[(b * groups + g) * kLanes + l]);
-        const float min = half_to_float(p.mins[(b * groups + g) * kLanes + l]);
+        const uint8_t* codes = group_codes(p, b, g);
+        const uint16_t* supers = group_supers(p, b, g);
+        const float scale = half_to_float(supers[l]) * static_cast<float>(codes[l]);
+        const float min = half_to_float(supers[kLanes + l]) * static_cast<float>(static_cast<int8_t>(codes[kLanes + l]));
         const float t = std::fma((float)acc, scale, min * xs);
         y[l] = y[l] + t;
       }
@@ -190,9 +210,13 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
           __asm__("" : "+x"(acc[r]));
         }
       }
-      const int64_t at = (b * groups + g) * kLanes + 8 * half;
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.scales + at)));
-      const __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p.mins + at)));
+      const uint8_t* codes = group_codes(p, b, g) + 8 * half;
+      const uint16_t* supers = group_supers(p, b, g) + 8 * half;
+      const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)supers)),
+                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)codes))));
+      const __m256 min = _mm256_mul_ps(
+          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(supers + kLanes))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(codes + kLanes)))));
       for (int r = 0; r < R; ++r) {
         const __m256 xs = _mm256_set1_ps(p.xsum[(m0 + r) * groups + g]);
         const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r], ones));
@@ -246,6 +270,9 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
   __m512 y[R][B];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < B; ++j) y[r][j] = _mm512_setzero_ps();
+  // The current super-block's d and dmin per block, widened once for its 8 groups: per group only the
+  // codes are widened (6-9% of a call in cache on the Zen 4 when each group widened its steps too).
+  alignas(64) float steps[B][2][kLanes];
   for (int64_t g = 0; g < groups; ++g) {
     __m512i acc[R][B], acc_hi[kSplit ? 1 : R][kSplit ? 1 : B];
     for (int r = 0; r < R; ++r)
@@ -275,10 +302,19 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
       }
     }
     if constexpr (kSplit) acc[0][0] = _mm512_add_epi32(acc[0][0], acc_hi[0][0]);
+    if (g % kSuperGroups == 0) {
+      for (int j = 0; j < B; ++j) {
+        const uint16_t* supers = group_supers(p, b0 + j, g);
+        _mm512_store_ps(steps[j][0], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)supers)));
+        _mm512_store_ps(steps[j][1], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(supers + kLanes))));
+      }
+    }
     for (int j = 0; j < B; ++j) {
-      const int64_t at = ((b0 + j) * groups + g) * kLanes;
-      const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p.scales + at)));
-      const __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p.mins + at)));
+      const uint8_t* codes = group_codes(p, b0 + j, g);
+      const __m512 scale = _mm512_mul_ps(_mm512_load_ps(steps[j][0]),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)codes))));
+      const __m512 min = _mm512_mul_ps(_mm512_load_ps(steps[j][1]),
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + kLanes)))));
       for (int r = 0; r < R; ++r) {
         const __m512 xs = _mm512_set1_ps(p.xsum[(m0 + r) * groups + g]);
         const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), scale, _mm512_mul_ps(min, xs));
@@ -478,8 +514,8 @@ void quantize_rows(const T* xs, int64_t M, int64_t K, at::Tensor& xq, at::Tensor
 // x [M, K] fp32 or bf16 (other dtypes go through fp32) -> [M, columns] in out_dtype (default fp32):
 // the projection's real outputs (columns, default all N), rounded to bf16 in the kernel's store when
 // asked, which is the same rounding as Tensor.to(bfloat16) of the fp32 result, without its copies.
-at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
-                       const at::Tensor& mins, const c10::optional<at::Tensor>& bias, int64_t isa,
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& codes,
+                       const at::Tensor& supers, const c10::optional<at::Tensor>& bias, int64_t isa,
                        int64_t columns, c10::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK(x.dim() == 2, "w4a8_linear: x must be [M, K]");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kChunks && packed.size(3) == 64 &&
@@ -488,10 +524,12 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0), N = blocks * kLanes;
   TORCH_CHECK(packed.size(1) * kGroup == K, "w4a8_linear: x has ", K, " inputs, the weights ",
               packed.size(1) * kGroup);
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && mins.scalar_type() == at::kHalf && scales.is_contiguous() &&
-                  mins.is_contiguous() && scales.numel() == blocks * packed.size(1) * kLanes &&
-                  mins.numel() == scales.numel(),
-              "w4a8_linear: scales and mins must be contiguous fp16 [N/16, K/32, 16]");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.numel() == blocks * packed.size(1) * 2 * kLanes,
+              "w4a8_linear: codes must be contiguous uint8 [N/16, K/32, 32]");
+  TORCH_CHECK(supers.scalar_type() == at::kHalf && supers.is_contiguous() &&
+                  supers.numel() == blocks * super_blocks(packed.size(1)) * 2 * kLanes,
+              "w4a8_linear: supers must be contiguous fp16 [N/16, ceil(K/256), 32]");
   if (columns < 0) columns = N;
   TORCH_CHECK(columns <= N && columns > N - kLanes, "w4a8_linear: ", columns, " outputs do not fit ", blocks,
               " blocks of 16");
@@ -513,8 +551,8 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
     quantize_rows(rows.data_ptr<float>(), M, K, xq, xsum, xscale, isa);
   }
   const Problem p{xq.data_ptr<int8_t>(), xsum.data_ptr<float>(), xscale.data_ptr<float>(),
-                  packed.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
-                  reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>()),
+                  packed.data_ptr<uint8_t>(), codes.data_ptr<uint8_t>(),
+                  reinterpret_cast<const uint16_t*>(supers.data_ptr<at::Half>()),
                   bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr(), out_bf16, columns,
                   M, N, K};
   // Threads split the output blocks; each thread walks its blocks' weights once, all rows per block
@@ -539,23 +577,125 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 // quantize_weight + pack of w4a8.py in one pass over the weights (the reference stays in Python):
 // a load quantizes 1.5B weights, which took ~27 s of a 33 s load in whole-tensor PyTorch ops (fp32
 // copies, padding, six passes over memory). Same float operations in the same order, so the same
-// bytes: scale = fp16(max((high - low) / 15, 2^-14)), min = fp16(low), q = clamp(round((w - min) / scale)).
+// bytes (round() is round half to even, as torch.round; fp16() is the fp32 -> fp16 rounding):
+//   per group:        low, high = min, max of its 32 weights
+//   per super-block:  dmin = fp16(max(max |low| / 127, 2^-24))
+//   per group:        mn = clamp(round(low / dmin), -128, 127); min = dmin * mn
+//                     need = max((high - min) / 15, 0)
+//   per super-block:  d = fp16(max(max need / 255, 2^-24))
+//   per group:        sc = clamp(round(need / d), 1, 255)
+//   then, per group, the codes (sc + i, mn + j), i, j in 0, -1, 1 (clamped), in that order, with
+//                     scale = d * sc, min = dmin * mn, q = clamp(round((w - min) / scale), 0, 15)
+//   whose squared error sum (w - (q * scale + min))^2 is smallest (the first of equals; the sum's order
+//   is group_error's). The search is what a requantization of GGUF weights needs: their codes put the
+//   levels where min/max rounding does not, and on the 1.5B target's projections it cuts the weights'
+//   squared error by 10-36% against fp16 scale and min per group (benchmarks/RESULTS.md).
 // Outputs past the weight's rows (padding to whole 16-output blocks) are zero weights.
+inline float round_half_even(float v) {
+  // Adding and removing 1.5 * 2^23 leaves the float's integer part, rounded by the FPU's default
+  // mode (to nearest even), exactly for |v| < 2^22. Codes stay far below; a weight's v can pass it
+  // only far below zero (a constant group in a super-block of constant groups), where both this and
+  // torch.round give a negative number that clamps to q = 0.
+  return (v + 12582912.0f) - 12582912.0f;
+}
+inline float clamp(float v, float low, float high) { return v < low ? low : (v > high ? high : v); }
+
+// The squared error of a group's weights on their nearest levels under (scale, min): err_i in order,
+// then 16 partial sums err_l + err_{16+l}, then the partials in order (a fixed order that vectorizes).
+inline float group_error(const float* w, float scale, float min) {
+  float err[kGroup];
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const float level = clamp(round_half_even((w[i] - min) / scale), 0.f, 15.f);
+    const float diff = w[i] - (level * scale + min);
+    err[i] = diff * diff;
+  }
+  float partial[kGroup / 2];
+  for (int64_t l = 0; l < kGroup / 2; ++l) partial[l] = err[l] + err[kGroup / 2 + l];
+  float total = partial[0];
+  for (int64_t l = 1; l < kGroup / 2; ++l) total = total + partial[l];
+  return total;
+}
+
+// One output row's codes, steps and 4-bit values (the bytes' law above): row [K] in, q [K] out,
+// sc/mn [groups], d/dmin [super-blocks] as fp16.
+#ifdef SPECDEC_X86
+// Compiled for AVX-512, AVX2 and plain x86-64 (the same IEEE operations, so the same bytes; contraction
+// into FMAs is off for the whole file): the search costs 9 error sums per group, ~5x the packing's
+// other work, and wider vectors keep the 1.5B target's load at a few seconds.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void quantize_row_codes(const float* row, int64_t K, uint8_t* q, uint8_t* sc, int8_t* mn, at::Half* d,
+                        at::Half* dmin) {
+  const int64_t groups = K / kGroup;
+  std::vector<float> low(groups), high(groups), need(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* group = row + g * kGroup;
+    float lo = group[0], hi = group[0];
+    for (int64_t i = 1; i < kGroup; ++i) {  // comparisons, not fmin/fmax: they vectorize
+      lo = group[i] < lo ? group[i] : lo;
+      hi = group[i] > hi ? group[i] : hi;
+    }
+    low[g] = lo;
+    high[g] = hi;
+  }
+  for (int64_t s = 0; s < super_blocks(groups); ++s) {
+    const int64_t first = s * kSuperGroups, last = std::min(groups, first + kSuperGroups);
+    float largest_low = 0.f;
+    for (int64_t g = first; g < last; ++g) largest_low = std::fmax(largest_low, std::fabs(low[g]));
+    dmin[s] = at::Half(std::fmax(largest_low / 127.0f, 0x1p-24f));
+    const float min_step = static_cast<float>(dmin[s]);
+    float largest_need = 0.f;
+    for (int64_t g = first; g < last; ++g) {
+      mn[g] = static_cast<int8_t>(clamp(round_half_even(low[g] / min_step), -128.f, 127.f));
+      need[g] = std::fmax((high[g] - min_step * static_cast<float>(mn[g])) / 15.0f, 0.f);
+      largest_need = std::fmax(largest_need, need[g]);
+    }
+    d[s] = at::Half(std::fmax(largest_need / 255.0f, 0x1p-24f));
+    const float step = static_cast<float>(d[s]);
+    for (int64_t g = first; g < last; ++g) {
+      const float nearest_sc = clamp(round_half_even(need[g] / step), 1.f, 255.f);
+      const float nearest_mn = static_cast<float>(mn[g]);
+      float best = 0.f;
+      int candidate = 0;
+      for (const float scale_shift : {0.f, -1.f, 1.f}) {
+        for (const float min_shift : {0.f, -1.f, 1.f}) {
+          const float code = clamp(nearest_sc + scale_shift, 1.f, 255.f);
+          const float min_code = clamp(nearest_mn + min_shift, -128.f, 127.f);
+          const float error = group_error(row + g * kGroup, step * code, min_step * min_code);
+          if (candidate++ == 0 || error < best) {
+            best = error;
+            sc[g] = static_cast<uint8_t>(code);
+            mn[g] = static_cast<int8_t>(min_code);
+          }
+        }
+      }
+      const float scale = step * static_cast<float>(sc[g]), min = min_step * static_cast<float>(mn[g]);
+      for (int64_t k = g * kGroup; k < (g + 1) * kGroup; ++k) {
+        q[k] = static_cast<uint8_t>(clamp(round_half_even((row[k] - min) / scale), 0.f, 15.f));
+      }
+    }
+  }
+}
+
 std::vector<at::Tensor> quantize_pack(const at::Tensor& weight, int64_t padded_outputs) {
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kGroup == 0 && padded_outputs % kLanes == 0 &&
                   padded_outputs >= weight.size(0),
               "quantize_pack: weight must be [N, K] with K divisible by 32, padded to whole 16-output blocks");
   // One fp32 row at a time, converted exactly from bf16/fp16/fp32: no fp32 copy of a whole matrix.
   const at::Tensor w = weight.contiguous();
-  const int64_t N = w.size(0), K = w.size(1), groups = K / kGroup, blocks = padded_outputs / kLanes;
+  const int64_t N = w.size(0), K = w.size(1), groups = K / kGroup, supers = super_blocks(groups);
+  const int64_t blocks = padded_outputs / kLanes;
   at::Tensor packed = at::empty({blocks, groups, kChunks, 64}, weight.options().dtype(at::kByte));
-  at::Tensor scales = at::empty({blocks, groups, kLanes}, weight.options().dtype(at::kHalf));
-  at::Tensor mins = at::empty({blocks, groups, kLanes}, weight.options().dtype(at::kHalf));
+  at::Tensor codes = at::empty({blocks, groups, 2 * kLanes}, weight.options().dtype(at::kByte));
+  at::Tensor steps = at::empty({blocks, supers, 2 * kLanes}, weight.options().dtype(at::kHalf));
   uint8_t* out = packed.data_ptr<uint8_t>();
-  at::Half* scale_out = scales.data_ptr<at::Half>();
-  at::Half* min_out = mins.data_ptr<at::Half>();
+  uint8_t* code_out = codes.data_ptr<uint8_t>();
+  at::Half* step_out = steps.data_ptr<at::Half>();
   at::parallel_for(0, padded_outputs, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> row(K);
+    std::vector<uint8_t> q(K), sc(groups);
+    std::vector<int8_t> mn(groups);
+    std::vector<at::Half> d(supers), dmin(supers);
     for (int64_t n = begin; n < end; ++n) {
       const int64_t b = n / kLanes, lane = n % kLanes;
       if (n < N) {
@@ -566,39 +706,29 @@ std::vector<at::Tensor> quantize_pack(const at::Tensor& weight, int64_t padded_o
       } else {
         std::fill(row.begin(), row.end(), 0.f);
       }
+      quantize_row_codes(row.data(), K, q.data(), sc.data(), mn.data(), d.data(), dmin.data());
       for (int64_t g = 0; g < groups; ++g) {
-        const float* group = row.data() + g * kGroup;
-        float low = group[0], high = group[0];
-        for (int64_t i = 1; i < kGroup; ++i) {  // comparisons, not fmin/fmax: they vectorize
-          low = group[i] < low ? group[i] : low;
-          high = group[i] > high ? group[i] : high;
-        }
-        const at::Half scale_h(std::fmax((high - low) / 15.0f, 0x1p-14f)), min_h(low);
-        const float scale = static_cast<float>(scale_h), min = static_cast<float>(min_h);
-        scale_out[(b * groups + g) * kLanes + lane] = scale_h;
-        min_out[(b * groups + g) * kLanes + lane] = min_h;
-        uint8_t q[kGroup];
-        for (int64_t i = 0; i < kGroup; ++i) {
-          // Round half to even as torch.round does: adding and removing 1.5 * 2^23 leaves the
-          // float's integer part, rounded by the FPU's default mode (exact for |v| < 2^22).
-          const float v = (group[i] - min) / scale;
-          const float rounded = (v + 12582912.0f) - 12582912.0f;
-          q[i] = static_cast<uint8_t>(rounded < 0.f ? 0.f : (rounded > 15.f ? 15.f : rounded));
-        }
+        code_out[(b * groups + g) * 2 * kLanes + lane] = sc[g];
+        code_out[(b * groups + g) * 2 * kLanes + kLanes + lane] = static_cast<uint8_t>(mn[g]);
         uint8_t* chunk = out + (b * groups + g) * kChunks * 64;
+        const uint8_t* group = q.data() + g * kGroup;
         for (int64_t c = 0; c < kChunks; ++c) {  // input 8c + j and 8c + 4 + j -> byte lane * 4 + j of chunk c
-          for (int64_t j = 0; j < 4; ++j) chunk[c * 64 + lane * 4 + j] = q[8 * c + j] | (q[8 * c + 4 + j] << 4);
+          for (int64_t j = 0; j < 4; ++j) chunk[c * 64 + lane * 4 + j] = group[8 * c + j] | (group[8 * c + 4 + j] << 4);
         }
+      }
+      for (int64_t s = 0; s < supers; ++s) {
+        step_out[(b * supers + s) * 2 * kLanes + lane] = d[s];
+        step_out[(b * supers + s) * 2 * kLanes + kLanes + lane] = dmin[s];
       }
     }
   });
-  return {packed, scales, mins};
+  return {packed, codes, steps};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(specdec_w4a8, m) {
-  m.def("linear(Tensor x, Tensor packed, Tensor scales, Tensor mins, Tensor? bias, int isa, int columns=-1, "
+  m.def("linear(Tensor x, Tensor packed, Tensor codes, Tensor supers, Tensor? bias, int isa, int columns=-1, "
         "ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_pack(Tensor weight, int padded_outputs) -> Tensor[]");
 }
