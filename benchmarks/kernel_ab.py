@@ -1,0 +1,137 @@
+"""The working tree's w4a8 kernel against another version of kernels/w4a8.cpp, in one process.
+
+A kernel change (a new weight format, a new tile) must be timed against the old one on the same
+machine in the same minutes: these VMs' memory bandwidth moves by a third within minutes, so two
+processes minutes apart compare the machine, not the kernels. This builds the other version under
+its own op namespace, packs weights with each version's own quantize_pack, and interleaves:
+
+- projections: the 1.5B target's 112 w4a8 projections (random weights of the real shapes, each
+  version's copy allocated side by side) at 1..17 rows;
+- forwards: whole forwards of the embedded target (op by op from Python, both versions, the same
+  300-token cache) of 1, 5 and 9 new tokens.
+
+    git show ee4e8b0:src/specdec/models/native/kernels/w4a8.cpp > /tmp/w4a8_before.cpp
+    python benchmarks/kernel_ab.py /tmp/w4a8_before.cpp [--rows 1 2 5 9 17] [--passes 11]
+
+Both versions must share the ops' signatures: linear(x, packed, a, b, bias, isa, columns, dtype)
+and quantize_pack(weight, padded_outputs) -> [packed, a, b].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.models.loader import load_model
+from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
+
+
+def build_other(source: Path) -> object:
+    """Compile `source` as the op namespace specdec_w4a8_other; returns torch.ops.specdec_w4a8_other."""
+    from torch.utils import cpp_extension
+    try:
+        import ninja
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except ImportError:
+        pass
+    text = re.sub(r"TORCH_LIBRARY(_IMPL)?\(specdec_w4a8,", r"TORCH_LIBRARY\1(specdec_w4a8_other,", source.read_text())
+    build = Path(tempfile.mkdtemp(prefix="specdec-kernel-ab-"))
+    (build / "w4a8_other.cpp").write_text(text)
+    cpp_extension.load(name="specdec_w4a8_other", sources=[str(build / "w4a8_other.cpp")], is_python_module=False,
+                       extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build))
+    return torch.ops.specdec_w4a8_other
+
+
+def interleaved(runs: dict, passes: int) -> dict[str, float]:
+    """Median seconds of each callable, run in alternating order pass by pass."""
+    times = {name: [] for name in runs}
+    for index in range(passes):
+        for name in (list(runs) if index % 2 == 0 else list(reversed(runs))):
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("other", type=Path, help="another version's w4a8.cpp")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 9, 17])
+    parser.add_argument("--passes", type=int, default=11)
+    args = parser.parse_args()
+    other = build_other(args.other)
+    ours = torch.ops.specdec_w4a8
+    target = load_model("qwen2.5-coder-1.5b", progress=False, quantize="w4a8")
+    runner = target.runner
+    linears = [module for module in runner.decoder.modules() if isinstance(module, W4A8Linear)]
+    isa = ISA_PATHS[linears[0].path]
+    generator = torch.Generator().manual_seed(0)
+
+    # Projections: both versions' packings of the same random weights, allocated side by side.
+    packs = []
+    for linear in linears:
+        weight = torch.randn(linear.out_features, linear.in_features, generator=generator).bfloat16() * 0.02
+        padded = linear.out_features + (-linear.out_features % 16)
+        packs.append((linear, ours.quantize_pack(weight, padded), other.quantize_pack(weight, padded)))
+    for rows in args.rows:
+        inputs = {linear.in_features: torch.randn(rows, linear.in_features, generator=generator).bfloat16()
+                  for linear in linears}
+
+        def projections(version: int, op) -> None:
+            for linear, *packed in packs:
+                op.linear(inputs[linear.in_features], *packed[version], linear.bias, isa, linear.out_features,
+                          linear.dtype)
+
+        medians = interleaved({"ours": lambda: projections(0, ours), "other": lambda: projections(1, other)},
+                              args.passes)
+        print(json.dumps({"what": "projections", "rows": rows, "ours_ms": round(medians["ours"] * 1e3, 2),
+                          "other_ms": round(medians["other"] * 1e3, 2),
+                          "ratio": round(medians["ours"] / medians["other"], 3)}), flush=True)
+
+    # Whole forwards, op by op (block.cpp calls our op by name), each linear on the version asked.
+    for block in runner.decoder.blocks:
+        block.use_chain_call = False
+    use_other = [False]
+    for linear in linears:
+        padded = linear.out_features + (-linear.out_features % 16)
+        linear.other_packed = other.quantize_pack(linear.dequantized(), padded)
+        linear.packed, linear.codes, linear.supers = linear.packed.clone(), linear.codes.clone(), linear.supers.clone()
+    original = W4A8Linear.forward
+
+    def forward(self, x, isa=None):
+        if not use_other[0]:
+            return original(self, x, isa)
+        rows = x.reshape(-1, self.in_features)
+        out = other.linear(rows, *self.other_packed, self.bias, ISA_PATHS[self.path] if isa is None else isa,
+                           self.out_features, self.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    W4A8Linear.forward = forward
+    runner.reset()
+    runner.forward(torch.randint(100, 20000, (1, 300), generator=generator), torch.arange(300)[None])
+    with torch.inference_mode():
+        for count in (1, 5, 9):
+            tokens = torch.randint(100, 20000, (1, count), generator=generator)
+
+            def step(version_is_other: bool) -> None:
+                use_other[0] = version_is_other
+                runner.forward(tokens, torch.arange(300, 300 + count)[None])
+                runner.truncate([300])
+
+            medians = interleaved({"ours": lambda: step(False), "other": lambda: step(True)}, args.passes)
+            print(json.dumps({"what": "forward", "new_tokens": count, "ours_ms": round(medians["ours"] * 1e3, 2),
+                              "other_ms": round(medians["other"] * 1e3, 2),
+                              "ratio": round(medians["ours"] / medians["other"], 3)}), flush=True)
+    W4A8Linear.forward = original
+
+
+if __name__ == "__main__":
+    main()
