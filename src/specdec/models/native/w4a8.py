@@ -14,7 +14,9 @@ The weights are GGUF Q4_K-like: groups of 32 inputs, w ~= q * scale + min with q
 where scale = d * sc and min = dmin * mn; sc and mn are 8-bit codes per group, d and dmin fp16 per
 super-block of 8 groups (256 inputs). 4.625 bits per weight: 7.5% fewer bytes than fp16 scale and min
 per group (GGUF's Q4_1, 5 bits, this module's earlier format), which a memory-bound step reads as
-time (benchmarks/RESULTS.md, "Q4_K-style codes").
+time. Each group's codes are the best of their 9 neighbours by squared error: the embedded models
+came as GGUF Q4_K_M, and the search finds the grids they were quantized on (0.83x the old format's
+weight error on the 1.5B target; benchmarks/RESULTS.md, "Q4_K-style codes").
 
 The kernel is compiled on first use (kernels/__init__.py) into the cache directory.
 """
