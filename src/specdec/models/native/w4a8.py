@@ -65,8 +65,12 @@ class Quantized(NamedTuple):
 
     def group_scales_and_mins(self) -> tuple[torch.Tensor, torch.Tensor]:  # fp32 [N, K/32] each, exact
         groups = self.scale_codes.shape[1]
-        per_group = lambda steps: steps.float().repeat_interleave(SUPER_GROUPS, dim=1)[:, :groups]  # noqa: E731
-        return per_group(self.scale_steps) * self.scale_codes.float(), per_group(self.min_steps) * self.min_codes.float()
+        return (_per_group(self.scale_steps, groups) * self.scale_codes.float(),
+                _per_group(self.min_steps, groups) * self.min_codes.float())
+
+
+def _per_group(steps: torch.Tensor, groups: int) -> torch.Tensor:  # fp16 [N, S] -> fp32 [N, G]: each group's step
+    return steps.float().repeat_interleave(SUPER_GROUPS, dim=1)[:, :groups]
 
 
 def _group_error(diff: torch.Tensor) -> torch.Tensor:  # [N, G, 32] -> [N, G], in group_error's (w4a8.cpp) order
@@ -98,20 +102,19 @@ def quantize_weight(weight: torch.Tensor) -> Quantized:
         padded = nn.functional.pad(per_group, (0, supers * SUPER_GROUPS - groups))
         return padded.reshape(out_features, supers, SUPER_GROUPS).amax(dim=-1)
 
-    def per_group(steps: torch.Tensor) -> torch.Tensor:  # fp16 [N, S] -> fp32 [N, G]
-        return steps.float().repeat_interleave(SUPER_GROUPS, dim=1)[:, :groups]
-
     min_steps = (largest_per_super(low.abs()) / 127.0).clamp_min(2.0 ** -24).half()
-    nearest_mn = torch.round(low / per_group(min_steps)).clamp(-128, 127)
-    need = ((high - per_group(min_steps) * nearest_mn) / 15.0).clamp_min(0.0)
+    group_min_step = _per_group(min_steps, groups)
+    nearest_mn = torch.round(low / group_min_step).clamp(-128, 127)
+    need = ((high - group_min_step * nearest_mn) / 15.0).clamp_min(0.0)
     scale_steps = (largest_per_super(need) / 255.0).clamp_min(2.0 ** -24).half()
-    nearest_sc = torch.round(need / per_group(scale_steps)).clamp(1, 255)
+    group_scale_step = _per_group(scale_steps, groups)
+    nearest_sc = torch.round(need / group_scale_step).clamp(1, 255)
     best = None
     for scale_shift, min_shift in itertools.product((0, -1, 1), repeat=2):
         scale_codes = (nearest_sc + scale_shift).clamp(1, 255)
         min_codes = (nearest_mn + min_shift).clamp(-128, 127)
-        scales = (per_group(scale_steps) * scale_codes)[..., None]
-        mins = (per_group(min_steps) * min_codes)[..., None]
+        scales = (group_scale_step * scale_codes)[..., None]
+        mins = (group_min_step * min_codes)[..., None]
         q = torch.round((values - mins) / scales).clamp(0, 15)
         error = _group_error(values - (q * scales + mins))
         if best is None:
