@@ -158,10 +158,11 @@ void block_scalar(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
 
 #ifdef SPECDEC_X86
 
-// AVX2 (+FMA, F16C): 8 outputs per register, so each block is two halves; up to 8 rows per pass.
-// A group's eight vpmaddubsw results are added in int16 before one vpmaddwd widens them: each
-// holds pair sums of at most 2 * 15 * 127 = 3810 in magnitude, and 8 * 3810 = 30480 < 32767, so
-// the int16 sums are exact (the same integers as VNNI's) with 9 multiplies per 256 products, not 16.
+// AVX2 (+FMA, F16C): 8 outputs per register, so a block's 16 outputs are two registers per row;
+// up to 5 rows per pass. A group's eight vpmaddubsw results per register are added in int16 before
+// one vpmaddwd widens them: each holds pair sums of at most 2 * 15 * 127 = 3810 in magnitude, and
+// 8 * 3810 = 30480 < 32767, so the int16 sums are exact (the same integers as VNNI's) with 9
+// multiplies per 256 products, not 16.
 // Eight outputs of row m from n: fp32 as they are, or bf16 by bf16_bits' integer steps.
 __attribute__((target("avx2,fma,f16c"))) inline void store8_avx2(const Problem& p, int64_t m, int64_t n, __m256 v) {
   if (n + 8 > p.columns) {  // the last block's real outputs only
@@ -183,52 +184,76 @@ __attribute__((target("avx2,fma,f16c"))) inline void store8_avx2(const Problem& 
   _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p.out) + m * p.columns + n), packed);
 }
 
+// One pass over a block's weights for up to 5 rows: each 64-byte line is loaded whole, both halves
+// unpacked, and each row's activation broadcasts feed both halves. The earlier tiles (8 outputs x up
+// to 8 rows) walked each block twice, once per half. Measured on a 2-core Zen 3 EPYC (AVX2 only),
+// both versions in one process (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "AVX2: one pass
+// per block"): the 1.5B target's 112 projections took 0.75x the time at 1 row, 0.71x at 2, 0.86x
+// at 5, 0.93x at 9, 0.89x at 17; whole forwards 0.83x at 1 token, 0.95x at 5, 0.91x at 9.
+// The prefetch: a 1-row step read only about half of this CPU's bandwidth (13 of ~25 GB/s); asking
+// for the weights 2 KB ahead (8 groups; at a block's end, the next block's, which is this thread's
+// next) gained a few percent more there, and 1 to 4 KB measured alike.
+constexpr int64_t kAvx2Prefetch = 2048;
+
 template <int R>
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_t b, int64_t m0) {
   const int64_t groups = p.K / kGroup;
   const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int half = 0; half < 2; ++half) {
-    __m256 y[R];
-    for (int r = 0; r < R; ++r) y[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* chunk = p.packed + (b * groups + g) * kChunks * 64 + 32 * half;
-      __m256i acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-      for (int64_t c = 0; c < kChunks; ++c) {
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(chunk + c * 64));
-        const __m256i lo = _mm256_and_si256(w, low_nibbles);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
-        const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0) * 8;
-        for (int r = 0; r < R; ++r) {
-          const __m256i xa = _mm256_set1_epi32(*(const unaligned_int32*)(x + 8 * r));
-          const __m256i xb = _mm256_set1_epi32(*(const unaligned_int32*)(x + 8 * r + 4));
-          acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(lo, xa));
-          acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(hi, xb));
-          // Keeps GCC from reassociating the group's 32 int16 adds (legal for integers) into
-          // all products first and their sum after, which spills most of them to the stack.
-          __asm__("" : "+x"(acc[r]));
-        }
-      }
-      const uint8_t* codes = group_codes(p, b, g) + 8 * half;
-      const uint16_t* supers = group_supers(p, b, g) + 8 * half;
-      const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)supers)),
-                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)codes))));
-      const __m256 min = _mm256_mul_ps(
-          _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(supers + kLanes))),
-          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(codes + kLanes)))));
+  __m256 y0[R], y1[R];  // outputs 0-7 and 8-15 of the block, per row
+  for (int r = 0; r < R; ++r) y0[r] = y1[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* chunk = p.packed + (b * groups + g) * kChunks * 64;
+    for (int64_t c = 0; c < kChunks; ++c) _mm_prefetch((const char*)(chunk + kAvx2Prefetch + 64 * c), _MM_HINT_T0);
+    __m256i acc0[R], acc1[R];
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_si256();
+    for (int64_t c = 0; c < kChunks; ++c) {
+      const __m256i w0 = _mm256_loadu_si256((const __m256i*)(chunk + c * 64));
+      const __m256i w1 = _mm256_loadu_si256((const __m256i*)(chunk + c * 64 + 32));
+      const __m256i lo0 = _mm256_and_si256(w0, low_nibbles), hi0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low_nibbles);
+      const __m256i lo1 = _mm256_and_si256(w1, low_nibbles), hi1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low_nibbles);
+      const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0) * 8;
       for (int r = 0; r < R; ++r) {
-        const __m256 xs = _mm256_set1_ps(p.xsum[(m0 + r) * groups + g]);
-        const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r], ones));
-        y[r] = _mm256_add_ps(y[r], _mm256_fmadd_ps(sums, scale, _mm256_mul_ps(min, xs)));
+        const __m256i xa = _mm256_set1_epi32(*(const unaligned_int32*)(x + 8 * r));
+        const __m256i xb = _mm256_set1_epi32(*(const unaligned_int32*)(x + 8 * r + 4));
+        acc0[r] = _mm256_add_epi16(acc0[r], _mm256_maddubs_epi16(lo0, xa));
+        acc1[r] = _mm256_add_epi16(acc1[r], _mm256_maddubs_epi16(lo1, xa));
+        acc0[r] = _mm256_add_epi16(acc0[r], _mm256_maddubs_epi16(hi0, xb));
+        acc1[r] = _mm256_add_epi16(acc1[r], _mm256_maddubs_epi16(hi1, xb));
+        // Keeps GCC from reassociating the group's int16 adds (legal for integers) into all
+        // products first and their sum after, which spills most of them to the stack.
+        __asm__("" : "+x"(acc0[r]), "+x"(acc1[r]));
       }
     }
+    const uint8_t* codes = group_codes(p, b, g);
+    const uint16_t* supers = group_supers(p, b, g);
+    const __m128i sc = _mm_loadu_si128((const __m128i*)codes), mn = _mm_loadu_si128((const __m128i*)(codes + kLanes));
+    const __m256 scale0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)supers)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+    const __m256 scale1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(supers + 8))),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8))));
+    const __m256 min0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(supers + kLanes))),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mn)));
+    const __m256 min1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(supers + kLanes + 8))),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(mn, 8))));
     for (int r = 0; r < R; ++r) {
-      const int64_t m = m0 + r, n = b * kLanes + 8 * half;
-      __m256 v = _mm256_mul_ps(y[r], _mm256_set1_ps(p.xscale[m]));
-      if (p.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p.bias + n));
-      store8_avx2(p, m, n, v);
+      const __m256 xs = _mm256_set1_ps(p.xsum[(m0 + r) * groups + g]);
+      const __m256 sums0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc0[r], ones));
+      const __m256 sums1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc1[r], ones));
+      y0[r] = _mm256_add_ps(y0[r], _mm256_fmadd_ps(sums0, scale0, _mm256_mul_ps(min0, xs)));
+      y1[r] = _mm256_add_ps(y1[r], _mm256_fmadd_ps(sums1, scale1, _mm256_mul_ps(min1, xs)));
     }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t m = m0 + r, n = b * kLanes;
+    const __m256 s = _mm256_set1_ps(p.xscale[m]);
+    __m256 v0 = _mm256_mul_ps(y0[r], s), v1 = _mm256_mul_ps(y1[r], s);
+    if (p.bias) {
+      v0 = _mm256_add_ps(v0, _mm256_loadu_ps(p.bias + n));
+      v1 = _mm256_add_ps(v1, _mm256_loadu_ps(p.bias + n + 8));
+    }
+    store8_avx2(p, m, n, v0);
+    store8_avx2(p, m, n + 8, v1);
   }
 }
 
@@ -362,16 +387,15 @@ void blocks_avx512(const Problem& p, int64_t b0, int64_t count) {
   if (count) rows_avx512<1, kVnni>(p, b0);
 }
 
-// Rows in tiles of at most 8, balanced (9 rows -> 5 + 4, not 8 + 1): each tile unpacks the block's
-// weights once more, and a 1-row tile leaves the integer units idle.
+// Rows in tiles of at most 5, balanced (6 rows -> 3 + 3, not 5 + 1): a 1-row tile leaves the
+// integer units idle while it waits for the block's weights. Tiles of 5 (10 int16 accumulators,
+// 4 unpacked weight registers, 2 broadcasts: all 16 ymm registers) measured faster at 5 and 9 rows
+// than tiles of at most 4 (0.85x and 0.91x), and tiles of 6 no better.
 void block_avx2(const Problem& p, int64_t b, int64_t m0, int64_t rows) {
-  constexpr int64_t kMaxRows = 8;
+  constexpr int64_t kMaxRows = 5;
   while (rows > 0) {
     const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows, tile = (rows + tiles - 1) / tiles;
     switch (tile) {
-      case 8: tile_avx2<8>(p, b, m0); break;
-      case 7: tile_avx2<7>(p, b, m0); break;
-      case 6: tile_avx2<6>(p, b, m0); break;
       case 5: tile_avx2<5>(p, b, m0); break;
       case 4: tile_avx2<4>(p, b, m0); break;
       case 3: tile_avx2<3>(p, b, m0); break;
