@@ -164,6 +164,38 @@ def test_bench_stream_lets_suffix_decoding_learn_from_earlier_prompts(capsys, mo
         assert suffix["q2"]["accepted_tokens"] == suffix["q1"]["accepted_tokens"]
 
 
+def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_dirs, tmp_path):
+    """Greedy ngram and suffix runs of a stream, replayed from plain decoding's answers alone: the
+    same accepted tokens at every step, and the copy ceiling at least as high."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "category": category, "turns": [text]}) + "\n"
+                               for i, (category, text) in enumerate([("copy", "the cat sat on the mat. the cat"),
+                                                                     ("same", "hello there"),
+                                                                     ("same", "hello there")])))
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "bench", *_models(model_dirs), "--prompts", str(prompts), "--methods", "ngram,suffix",
+                       "--k", "4", "--max-new-tokens", "24", "--per-category", "2", "--out", str(out), "--quiet",
+                       "--no-plots", "--stream")
+    assert code == 0, err
+    _, rows = read_results(out / "results.jsonl")
+    report = tmp_path / "replay.json"
+    code, text, err = run(capsys, "replay", str(out), "--json", str(report))
+    assert code == 0, err
+    assert "ngram k=4: 3/3 turns identical to the recorded run" in text
+    assert "suffix k=4: 3/3 turns identical to the recorded run" in text
+    replayed = {row["label"]: row["categories"]["overall"] for row in json.loads(report.read_text())["rows"]}
+    for method in ("ngram", "suffix"):
+        recorded = [r for r in rows if r["method"] == method]
+        forwards = sum(r["target_forwards"] for r in recorded)
+        assert replayed[method]["tau"] == pytest.approx(sum(r["tokens"] for r in recorded) / forwards)
+        assert replayed["copy ceiling"]["tau"] >= replayed[method]["tau"]
+    assert replayed["suffix"]["tau"] > 1.5  # the repeated request is copied from the first one's answer
+    code, text, err = run(capsys, "replay", str(tmp_path / "nothing"))
+    assert code == 2 and "no bench results" in err and "Traceback" not in err
+    code, text, err = run(capsys, "replay", str(out), "--methods", "draft")
+    assert code == 2 and "ngram and suffix only" in err
+
+
 def test_bench_with_auto_k_and_lenience_reports_speed_and_quality(capsys, model_dirs, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"question_id": "HumanEval/2", "category": "humaneval",

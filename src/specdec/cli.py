@@ -80,6 +80,7 @@ def _handler(command: str):
 
     return {"generate": generate_cli.cmd_generate, "demo": demo.cmd_demo, "serve": serve_cli.cmd_serve,
             "bench": research_cli.cmd_bench, "analyze": research_cli.cmd_analyze, "verify": research_cli.cmd_verify,
+            "replay": research_cli.cmd_replay,
             "train-head": train_cli.cmd_train_head, "export-head": train_cli.cmd_export_head,
             "doctor": doctor.cmd_doctor, "models": cmd_models}[command]
 

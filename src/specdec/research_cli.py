@@ -51,6 +51,27 @@ Theorem 3.8) and the same with the measured cost of the (k+1)-token
 verification pass, next to bench's measured speedup for method draft.
 """
 
+EPILOG_REPLAY = """\
+examples:
+  specdec replay bench-results                   # ngram and suffix at the run's k, every step one step
+  specdec replay benchmarks/results/agent-loop-kernels --k 4,8,16 \\
+      --costs benchmarks/results/verify_cost_w4a8_kernels.json   # speed under a CPU's measured costs
+  specdec replay bench-results --suffix-spec-factor 2 --suffix-min-prob 0.2   # tune, then bench the winner
+
+Loads no model. At temperature 0 every lossless method writes plain decoding's
+tokens, and a model-free draft is accepted exactly as far as it agrees with them,
+so the greedy answers a `specdec bench` run recorded (run the bench with --stream
+for agent loops and servers) tell what ngram and suffix decoding accept at each
+step, for any k and option, in seconds. Where the results hold a greedy run of the
+same method at the same fixed k, the replay is checked against it turn by turn.
+
+The copy ceiling is an oracle that drafts the longest continuation seen anywhere
+before (this prompt and answer; in a stream, every earlier prompt and answer):
+no method that copies text accepts more. Speedups are decode only, predicted
+from --costs (benchmarks/verify_cost.py's JSON: an n-token forward over a 1-token
+step on one machine); without it every forward costs one step, roughly a GPU.
+"""
+
 EPILOG_VERIFY = """\
 examples:
   specdec verify                                   # the embedded pair, draft k=4, T=1, 1000 draws per side
@@ -173,6 +194,25 @@ def add_research_commands(sub) -> None:
     analyze.add_argument("--markdown", help="also write the tables as Markdown to this path")
     analyze.add_argument("--json", help="also write everything as JSON to this path")
 
+    replay = sub.add_parser("replay", help="replay a bench run's greedy answers through ngram and suffix decoding "
+                                           "(no model): exact acceptance, predicted speedup, the copy ceiling",
+                            epilog=EPILOG_REPLAY, formatter_class=raw)
+    replay.add_argument("results", help="a `specdec bench` OUT directory (or its results.jsonl)")
+    replay.add_argument("--methods", default="ngram,suffix", help="comma-separated, of ngram and suffix "
+                                                                   "(default: both)")
+    replay.add_argument("--k", default=None,
+                        help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
+    replay.add_argument("--costs", help="benchmarks/verify_cost.py's JSON from the machine to predict for "
+                                        "(default: every forward costs one step)")
+    replay.add_argument("--ngram-max", type=positive_int, default=None, help="(default: the run's)")
+    replay.add_argument("--ngram-min", type=positive_int, default=None, help="(default: the run's)")
+    for name, kind, what in (("cache-requests", int, "earlier answers kept"), ("max-depth", int, "longest match"),
+                             ("spec-factor", float, "drafted tokens per matched token"),
+                             ("min-prob", float, "lowest estimated probability drafted")):
+        replay.add_argument(f"--suffix-{name}", type=kind, default=None, help=f"{what} (default: the run's)")
+    replay.add_argument("--markdown", help="also write the table to this path")
+    replay.add_argument("--json", help="also write everything as JSON to this path")
+
     verify = sub.add_parser("verify", help="check losslessness empirically on your models (exit 1 on failure)",
                             epilog=EPILOG_VERIFY, formatter_class=raw)
     add_model_args(verify)
@@ -203,6 +243,55 @@ def _log(message: str) -> None:
 def _results_path(location: str) -> Path:
     path = Path(location)
     return path / "results.jsonl" if path.suffix != ".jsonl" else path
+
+
+# ---- replay ------------------------------------------------------------------------------------
+
+
+def cmd_replay(args) -> int:
+    from specdec.analysis.replay import cost_table, flat_cost, read_results, replay_json, replay_markdown, replay_rows
+    from specdec.proposers.registry import build_proposer
+    from specdec.proposers.suffix import SuffixOptions
+
+    header, rows = read_results(args.results)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for method in methods:
+        if method not in ("ngram", "suffix"):
+            raise ValueError(f"replay drafts with the model-free methods ngram and suffix only, not {method!r} "
+                             "(the others' drafts come from models)")
+    if args.k is not None:
+        ks = _int_list(args.k)
+        if min(ks) < 1:
+            raise ValueError(f"--k must be >= 1, got {args.k}")
+    else:
+        recorded = sorted({row["k"] for row in rows if row.get("kind") == "generation" and
+                           row["method"] in methods and isinstance(row["k"], int) and row["k"] > 0})
+        ks = recorded or [8]
+    suffix = dict(header.get("suffix") or {})
+    for name in ("cache_requests", "max_depth", "spec_factor"):
+        if getattr(args, f"suffix_{name}") is not None:
+            suffix[name] = getattr(args, f"suffix_{name}")
+    if args.suffix_min_prob is not None:
+        suffix["min_token_prob"] = args.suffix_min_prob
+    options = SuffixOptions(**suffix)
+    ngram = dict(ngram_max=args.ngram_max or header.get("ngram_max", 3),
+                 ngram_min=args.ngram_min or header.get("ngram_min", 1),
+                 ngram_tie_break=header.get("ngram_tie_break", "recent"))
+    proposers = {method: (lambda method=method: build_proposer(method, suffix=options, **ngram)) for method in methods}
+    cost, label = (cost_table(args.costs) if args.costs else
+                   (flat_cost, "none given: every forward one step (roughly a GPU)"))
+    report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost)
+    text = replay_markdown(report, label)
+    machine = header.get("machine", "?")
+    print(f"{len(report[0].totals) - 1} categories of greedy answers from {args.results} "
+          f"({header.get('target_model', header.get('target', '?'))}, {machine}"
+          f"{', one stream' if header.get('stream') else ''})\n")
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(replay_json(report, label), indent=1) + "\n")
+    return 0
 
 
 # ---- bench -------------------------------------------------------------------------------------

@@ -1,0 +1,368 @@
+"""Replay recorded greedy answers through the model-free proposers, with no model: what each
+would accept at every step, exactly, and the most that any method copying text could.
+
+At temperature 0 every lossless method writes plain decoding's tokens, whatever it drafts, and a
+point-mass draft (ngram, suffix) is accepted exactly as far as it agrees with them. So the greedy
+answers of a `specdec bench` run (results.jsonl keeps every turn's prompt_ids and token_ids) are
+all it takes to know what ngram or suffix decoding would accept, for any k and any of their
+options: seconds on any machine, not the hour of a bench run. A recorded run of the same method
+and fixed k checks the replay itself: its accepted tokens per step must come out the same.
+
+Two things follow from the same answers:
+  replay        each proposer drafts from the context as the engine would give it (prompt and
+                committed tokens; in a stream, earlier requests' answers reach suffix decoding's
+                cache), and a draft tree's accepted length is its longest root path that the
+                answer continues.
+  copy ceiling  an oracle that, at each step, drafts the longest continuation of the answer
+                (at most k tokens) that occurs anywhere in what was seen: this request's prompt
+                and answer so far, and in a stream every earlier prompt and answer. A method
+                that only copies what it has seen (ngram: the context; suffix: the context and
+                earlier answers) drafts paths that occur there, so it can accept no more at any
+                step, and taking the longest at every step is the fewest steps: if a span occurs,
+                so does its tail, so the furthest reachable position only moves forward.
+
+Speed follows from the step costs a machine measured (`benchmarks/verify_cost.py`: the time of
+a forward over n tokens over a 1-token step): a step that drafts d tokens costs cost(1 + d)
+target steps, and plain decoding one per token. The ceiling's speedup is the cheapest way
+through the answer that the oracle allows (a dynamic programme over how many tokens each step
+takes): no copying method, however well it scores its candidates, decodes faster on that
+machine. Without a cost table every step costs one step, as verification roughly does on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdec.proposers.base import Proposer, ProposeContext
+from specdec.sampling.params import SamplingParams
+
+CostFn = Callable[[int], float]  # rows of a forward -> its time in 1-token steps
+
+
+@dataclass(frozen=True)
+class RecordedTurn:
+    """One greedy answer of a bench run: the tokens it was given and the tokens it wrote."""
+
+    category: str
+    question_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    ended_by_eos: bool  # the last token is the end of text (else the run hit max_new_tokens)
+
+
+@dataclass
+class TurnSteps:
+    """What each decode step after the prefill drafted and accepted (the prefill writes token 0)."""
+
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+
+def recorded_turns(rows: Iterable[dict], method: str = "autoregressive") -> list[RecordedTurn]:
+    """The temperature-0 turns of `method` (first repeat), in the order the run wrote them."""
+    turns = []
+    for row in rows:
+        if row.get("kind") != "generation" or row["method"] != method or row["temperature"] != 0:
+            continue
+        if row.get("repeat", 0) != 0:
+            continue
+        for turn in row["turns"]:
+            if "prompt_ids" not in turn or "token_ids" not in turn:
+                raise ValueError("these results keep no token ids (written by an older specdec bench); rerun the bench")
+            if not turn["token_ids"]:
+                continue
+            turns.append(RecordedTurn(row["category"], row["question_id"], tuple(turn["prompt_ids"]),
+                                      tuple(turn["token_ids"]), turn.get("finish_reason") == "eos"))
+    return turns
+
+
+def read_results(path: str | Path) -> tuple[dict, list[dict]]:
+    """A bench results.jsonl (or its directory): the run's header and every row."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.jsonl"
+    if not path.exists():
+        raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    header = next((row for row in rows if row.get("kind") == "run"), {})
+    return header, rows
+
+
+def accepted_length(tokens: Sequence[int], parents: Sequence[int] | None, truth: Sequence[int]) -> int:
+    """The longest root path of a draft (a chain when parents is None) that `truth` continues."""
+    if parents is None:
+        parents = range(-1, len(tokens) - 1)
+    depth: list[int] = []
+    best = 0
+    for token, parent in zip(tokens, parents):
+        d = 1 if parent < 0 else depth[parent] + 1 if depth[parent] > 0 else 0
+        good = d > 0 and d <= len(truth) and truth[d - 1] == token
+        depth.append(d if good else 0)  # 0: this node or an ancestor is off the answer
+        best = max(best, depth[-1])
+    return best
+
+
+def _committed(accepted: int, remaining: int, ended_by_eos: bool) -> tuple[int, int]:
+    """(accepted, committed) of a step with `remaining` answer tokens left, as the engine counts
+    them: the step also writes the target's own next token, except where the answer ends."""
+    if ended_by_eos and accepted >= remaining:  # the end of text was drafted and accepted
+        return remaining, remaining
+    accepted = min(accepted, remaining - 1)
+    return accepted, accepted + 1
+
+
+def replay(turns: Sequence[RecordedTurn], proposer: Proposer, k: int, stream: bool) -> list[TurnSteps]:
+    """Each turn's steps as the engine would run them with `proposer` at a fixed k, greedy.
+
+    stream: one stream of requests (`bench --stream`, a server): a proposer that learns across
+    requests (suffix decoding's end_request) keeps every earlier answer. Otherwise it forgets
+    them at each new prompt, as `specdec bench` does without --stream (turns of one multi-turn
+    prompt still follow each other).
+    """
+    vocab = 1 + max(max(t.prompt_ids + t.output_ids) for t in turns) if turns else 1
+    params = SamplingParams(temperature=0.0)
+    forget = getattr(proposer, "forget_earlier_requests", None)
+    end = getattr(proposer, "end_request", None)
+    results = []
+    previous_question = None
+    for turn in turns:
+        if not stream and turn.question_id != previous_question and forget is not None:
+            forget()
+        previous_question = turn.question_id
+        proposer.reset()
+        answer = turn.output_ids
+        context = list(turn.prompt_ids) + [answer[0]]
+        steps = TurnSteps()
+        position = 1
+        while position < len(answer):
+            ctx = ProposeContext(torch.tensor([context]), params, None, vocab)
+            proposal = proposer.propose(ctx, k)
+            count = int(proposal.num_tokens[0])
+            tokens = proposal.token_ids[0, :count].tolist()
+            parents = None if proposal.parents is None else proposal.parents[:count]
+            accepted, committed = _committed(accepted_length(tokens, parents, answer[position:]),
+                                             len(answer) - position, turn.ended_by_eos)
+            proposer.on_verified(torch.tensor([accepted]))
+            context += answer[position:position + committed]
+            position += committed
+            steps.drafted.append(count)
+            steps.accepted.append(accepted)
+        if end is not None:
+            end(list(turn.prompt_ids), list(answer))
+        results.append(steps)
+    return results
+
+
+class _SeenSpans:
+    """Every span of at most `longest` tokens of the texts added so far, as a set of tuples."""
+
+    def __init__(self, longest: int) -> None:
+        self.longest = longest
+        self.spans: set[tuple[int, ...]] = set()
+
+    def add(self, text: Sequence[int], start: int = 0) -> None:
+        """The spans of text that end at positions >= start (the earlier ones are in already)."""
+        for end in range(max(start, 0), len(text)):
+            for length in range(1, min(self.longest, end + 1) + 1):
+                self.spans.add(tuple(text[end - length + 1:end + 1]))
+
+    def longest_at(self, answer: Sequence[int], position: int) -> int:
+        """The longest answer[position:position + L] (L <= longest) seen; a seen span's prefixes were too."""
+        length = 0
+        while length < self.longest and position + length < len(answer) and \
+                tuple(answer[position:position + length + 1]) in self.spans:
+            length += 1
+        return length
+
+
+def copyable_lengths(turns: Sequence[RecordedTurn], k: int, stream: bool) -> list[list[int]]:
+    """Per turn and answer position p >= 1: the longest answer[p:p + L], L <= k, that occurs in this
+    turn's prompt and answer[:p], or (stream) in any earlier turn's prompt or answer."""
+    lengths = []
+    earlier = _SeenSpans(k)
+    previous_question = None
+    for turn in turns:
+        if not stream and turn.question_id != previous_question:
+            earlier = _SeenSpans(k)
+        previous_question = turn.question_id
+        seen = _SeenSpans(k)
+        seen.spans = set(earlier.spans)
+        context = list(turn.prompt_ids) + [turn.output_ids[0]]
+        seen.add(context)
+        row = [0]  # position 0: the prefill's token
+        for position in range(1, len(turn.output_ids)):
+            row.append(seen.longest_at(turn.output_ids, position))
+            context.append(turn.output_ids[position])
+            seen.add(context, len(context) - 1)
+        lengths.append(row)
+        earlier.add(turn.prompt_ids)
+        earlier.add(turn.output_ids)
+    return lengths
+
+
+def ceiling_steps(turn: RecordedTurn, lengths: Sequence[int]) -> TurnSteps:
+    """The oracle's steps: each drafts, and so accepts, the longest copyable continuation."""
+    steps = TurnSteps()
+    position = 1
+    while position < len(turn.output_ids):
+        accepted, committed = _committed(lengths[position], len(turn.output_ids) - position, turn.ended_by_eos)
+        steps.drafted.append(accepted)
+        steps.accepted.append(accepted)
+        position += committed
+    return steps
+
+
+def ceiling_cost(turn: RecordedTurn, lengths: Sequence[int], cost: CostFn) -> float:
+    """The least decode time (in 1-token steps) of any copying method through this answer: each
+    step may take 0..lengths[p] drafted tokens, all accepted, at cost(1 + drafted)."""
+    n = len(turn.output_ids)
+    best = [0.0] * (n + 1)
+    for position in range(n - 1, 0, -1):
+        best[position] = min(cost(1 + accepted) + best[position + committed]
+                             for accepted, committed in (_committed(a, n - position, turn.ended_by_eos)
+                                                         for a in range(lengths[position] + 1)))
+    return best[1]
+
+
+def cost_table(path: str | Path) -> tuple[CostFn, str]:
+    """cost(rows) from `benchmarks/verify_cost.py`'s JSON (its first result): the measured ratio of
+    an n-token forward to a 1-token step, linear between measured n and beyond the last two."""
+    data = json.loads(Path(path).read_text())
+    try:
+        result = data["results"][0]
+        points = sorted((int(rows), float(ratio)) for rows, ratio in result["ratio"].items())
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: not a verify_cost.py result (no results[0].ratio)") from error
+    if len(points) < 2 or points[0][0] != 1:
+        raise ValueError(f"{path}: needs the 1-token step and at least one longer forward")
+
+    def cost(rows: int) -> float:
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if rows <= x1:
+                return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        return y1 + (y1 - y0) * (rows - x1) / (x1 - x0)
+
+    where = f"{data.get('cpu', '?')} {data.get('isa', '')}".strip()
+    return cost, f"{where}, {result.get('format', '?')}"
+
+
+def flat_cost(rows: int) -> float:
+    """Every forward costs one step, whatever its rows: roughly a GPU's verification."""
+    return 1.0
+
+
+@dataclass
+class Tally:
+    """A category's totals: answer tokens, decode steps, drafted tokens, and decode time in steps."""
+
+    turns: int = 0
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    time: float = 0.0
+
+    def add(self, turn: RecordedTurn, steps: TurnSteps, time: float) -> None:
+        self.turns += 1
+        self.tokens += len(turn.output_ids)
+        self.steps += len(steps.accepted)
+        self.drafted += sum(steps.drafted)
+        self.time += time
+
+    @property
+    def tau(self) -> float:  # tokens per target forward, the prefill's included (as `specdec bench`)
+        return self.tokens / (self.steps + self.turns) if self.steps + self.turns else 0.0
+
+    @property
+    def speedup(self) -> float:  # decode only: plain decoding takes one step per token after the first
+        return (self.tokens - self.turns) / self.time if self.time else 1.0
+
+
+def tally(turns: Sequence[RecordedTurn], steps: Sequence[TurnSteps], cost: CostFn,
+          times: Sequence[float] | None = None) -> dict[str, Tally]:
+    """Per category and "overall": totals; times (decode time per turn) default to cost(1 + drafted) per step."""
+    totals: dict[str, Tally] = {}
+    for index, (turn, turn_steps) in enumerate(zip(turns, steps)):
+        time = times[index] if times is not None else sum(cost(1 + d) for d in turn_steps.drafted)
+        for key in (turn.category, "overall"):
+            totals.setdefault(key, Tally()).add(turn, turn_steps, time)
+    return totals
+
+
+def recorded_steps(rows: Iterable[dict], method: str, k: int) -> list[list[int]] | None:
+    """A recorded greedy run of `method` at fixed k: its accepted tokens per decode step, per turn
+    (the prefill's entry dropped), in run order; None when the results hold no such run."""
+    found = []
+    for row in rows:
+        if (row.get("kind") == "generation" and row["method"] == method and row["k"] == k
+                and row["temperature"] == 0 and row.get("repeat", 0) == 0 and row.get("lenience", 1.0) == 1.0):
+            found += [turn["accepted_per_step"][1:] for turn in row["turns"] if turn.get("token_ids")]
+    return found or None
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One line of the report: a method at a k (or the copy ceiling) and its per-category tallies."""
+
+    label: str
+    k: int
+    totals: dict[str, Tally]
+    recorded_check: str | None = None  # "14/14 turns identical to the recorded run", where one exists
+
+
+def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer]], ks: Sequence[int],
+                stream: bool, cost: CostFn) -> list[ReplayRow]:
+    """Every proposer at every k, then the copy ceiling at every k, over the run's greedy answers."""
+    turns = recorded_turns(rows)
+    if not turns:
+        raise ValueError("the results hold no greedy plain-decoding answers (bench runs autoregressive at "
+                         "--temperature 0 as its baseline; include 0 in --temperature)")
+    report = []
+    for k in ks:
+        for method, make in proposers.items():
+            steps = replay(turns, make(), k, stream)
+            recorded = recorded_steps(rows, method, k)
+            check = None
+            if recorded is not None:
+                same = sum(a.accepted == b for a, b in zip(steps, recorded))
+                check = f"{same}/{len(recorded)} turns identical to the recorded run"
+            report.append(ReplayRow(method, k, tally(turns, steps, cost), check))
+        lengths = copyable_lengths(turns, k, stream)
+        oracle = [ceiling_steps(turn, row) for turn, row in zip(turns, lengths)]
+        cheapest = [ceiling_cost(turn, row, cost) for turn, row in zip(turns, lengths)]
+        report.append(ReplayRow("copy ceiling", k, tally(turns, oracle, cost, cheapest)))
+    return report
+
+
+def replay_markdown(report: Sequence[ReplayRow], costs_label: str) -> str:
+    """The report as a Markdown table: predicted decode speedup (tau) per category."""
+    categories = [c for c in report[0].totals if c != "overall"] + ["overall"]
+    lines = [f"Predicted decode-only speedup over plain decoding (tau), costs: {costs_label}", "",
+             "| method | k | " + " | ".join(categories) + " | drafted/step |",
+             "|---|---|" + "---|" * (len(categories) + 1)]
+    for row in report:
+        cells = [f"{row.totals[c].speedup:.2f}x ({row.totals[c].tau:.2f})" for c in categories]
+        overall = row.totals["overall"]
+        lines.append(f"| {row.label} | {row.k} | " + " | ".join(cells) +
+                     f" | {overall.drafted / max(overall.steps, 1):.2f} |")
+    checks = [f"- {row.label} k={row.k}: {row.recorded_check}" for row in report if row.recorded_check]
+    if checks:
+        lines += ["", "Replay against the recorded greedy runs of the same method and k:", *checks]
+    lines += ["", "tau = tokens per target forward (the prefill's included); the copy ceiling drafts, at each "
+                  "step, the longest continuation seen anywhere before it (this prompt and answer, and in a "
+                  "stream every earlier one): no method that copies can accept more, and its speedup is the "
+                  "cheapest path the ceiling allows under these costs."]
+    return "\n".join(lines)
+
+
+def replay_json(report: Sequence[ReplayRow], costs_label: str) -> dict:
+    return dict(costs=costs_label, rows=[dict(label=row.label, k=row.k, recorded_check=row.recorded_check,
+                                              categories={c: dict(tau=t.tau, speedup=t.speedup, turns=t.turns,
+                                                                  tokens=t.tokens, steps=t.steps, drafted=t.drafted)
+                                                          for c, t in row.totals.items()})
+                                         for row in report])
