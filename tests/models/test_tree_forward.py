@@ -101,9 +101,10 @@ torch.save(outs, sys.argv[1])
 """
 
 
-def test_the_attention_kernels_avx512_scores_are_its_generic_paths_bits(tmp_path):
-    """kernels/attention.cpp scores 16 keys at a time in AVX-512 where the CPU has it, and with its
-    generic loops under ONEDNN_MAX_CPU_ISA=AVX2: chains and trees, fp32 and bf16, give the same bits."""
+def test_the_attention_kernels_vector_paths_give_its_generic_paths_bits(tmp_path):
+    """kernels/attention.cpp runs hand-written AVX-512 (scores, 16 keys at a time) and AVX2 steps
+    (scores 4 keys at a time, block weights, weighted values) where the CPU has them, and its
+    generic loops under ONEDNN_MAX_CPU_ISA=SSE41: chains and trees, fp32 and bf16, the same bits."""
     import os
     import subprocess
     import sys
@@ -113,10 +114,13 @@ def test_the_attention_kernels_avx512_scores_are_its_generic_paths_bits(tmp_path
 
     if kernels.load() is not None:
         pytest.skip(f"no kernels here: {kernels.load()}")
-    if not (effective_isa() or "").startswith("AVX512"):
-        pytest.skip("no AVX-512 here: only the generic path runs")
+    isa = effective_isa() or ""
+    if not isa.startswith(("AVX2", "AVX512", "AMX")):
+        pytest.skip(f"no AVX2 here ({isa or 'unknown'}): only the generic path runs")
+    caps = {"best": None, "avx2": "AVX2", "generic": "SSE41"} if not isa.startswith("AVX2") else \
+        {"avx2": None, "generic": "SSE41"}
     results = {}
-    for name, cap in (("avx512", None), ("generic", "AVX2")):
+    for name, cap in caps.items():
         env = dict(os.environ)
         env.pop("ONEDNN_MAX_CPU_ISA", None)
         if cap:
@@ -124,6 +128,6 @@ def test_the_attention_kernels_avx512_scores_are_its_generic_paths_bits(tmp_path
         path = tmp_path / f"{name}.pt"
         subprocess.run([sys.executable, "-c", ATTENTION_SCRIPT, str(path)], env=env, check=True, timeout=300)
         results[name] = torch.load(path)
-    assert len(results["avx512"]) == 16
-    for fast, generic in zip(results["avx512"], results["generic"]):
-        assert torch.equal(fast, generic)
+    assert len(results["generic"]) == 16
+    for name in caps:
+        assert all(torch.equal(fast, generic) for fast, generic in zip(results[name], results["generic"])), name

@@ -10,7 +10,13 @@
 // Batch invariance by construction: every query row runs the same loop over its own keys, its dot
 // products summed in 16 fixed lanes then a fixed tree, its weighted values summed key by key; nothing
 // depends on how many rows, tokens or requests share the call. Compiled without FMA contraction
-// (-ffp-contract=off), so the vector clones GCC makes for AVX2 and AVX-512 round like the scalar one.
+// (-ffp-contract=off), so the vector clones GCC makes for AVX2 and AVX-512 round like the scalar one,
+// and the hand-written AVX2 and AVX-512 steps below repeat the scalar operations lane by lane.
+//
+// Where the time went on AVX2 (a 2-core Zen 3 EPYC, benchmarks/attention_ab.py): GCC left the block
+// weights' exp scalar, with a branch per key, the weighted values' accumulators in memory and dot4's
+// tree in scalar adds, and every tile copied the fp32 cache's blocks before reading them. Those steps
+// are now written in AVX2 (the same operations per lane) and an fp32 cache is read in place.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -114,6 +120,51 @@ __attribute__((target("avx512f"))) void dots16_avx512(const float* q, const floa
   _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, sums));
 }
 
+// dot() of one query with 4 consecutive keys (stride kDim) in AVX2, each with exactly dot()'s
+// operations: lanes 0-7 and 8-15 of a key in two registers (mul then add, no FMA), then dot()'s tree
+// level by level for the 4 keys at once: l + 8 is the two registers' sum, l + 4 the 128-bit halves
+// of two keys side by side, l + 2 and l + 1 shuffles within them. Why: dot4's tree, as GCC
+// compiles it for AVX2, is mostly scalar adds. The same bits on every CPU (tests compare the paths).
+template <int kDim>
+__attribute__((target("avx2"))) void dots4_avx2(const float* q, const float* k, float* out) {
+  static_assert(kDim % kLanes == 0 && kLanes == 16, "dots4 needs whole 16-lane chunks");
+  __m256 lo[4], hi[4];
+  for (int j = 0; j < 4; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+  for (int d = 0; d < kDim; d += kLanes) {
+    const __m256 q0 = _mm256_loadu_ps(q + d), q1 = _mm256_loadu_ps(q + d + 8);
+    for (int j = 0; j < 4; ++j) {
+      lo[j] = _mm256_add_ps(lo[j], _mm256_mul_ps(q0, _mm256_loadu_ps(k + j * kDim + d)));
+      hi[j] = _mm256_add_ps(hi[j], _mm256_mul_ps(q1, _mm256_loadu_ps(k + j * kDim + d + 8)));
+    }
+  }
+  __m256 s[4];  // l + 8: lanes 0-7 of each key
+  for (int j = 0; j < 4; ++j) s[j] = _mm256_add_ps(lo[j], hi[j]);
+  // l + 4: [key 0's four sums | key 1's], [key 2's | key 3's]
+  const __m256 t01 = _mm256_add_ps(_mm256_permute2f128_ps(s[0], s[1], 0x20), _mm256_permute2f128_ps(s[0], s[1], 0x31));
+  const __m256 t23 = _mm256_add_ps(_mm256_permute2f128_ps(s[2], s[3], 0x20), _mm256_permute2f128_ps(s[2], s[3], 0x31));
+  // l + 2: [key 0: two sums, key 2: two sums | key 1: two, key 3: two]
+  const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xEE));
+  // l + 1: [key 0, key 2, key 0, key 2 | key 1, key 3, key 1, key 3]
+  const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(u, u, 0x88), _mm256_shuffle_ps(u, u, 0xDD));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, w);
+  out[0] = lanes[0];
+  out[1] = lanes[4];
+  out[2] = lanes[1];
+  out[3] = lanes[5];
+}
+
+inline bool has_avx2() {
+  static const bool yes = [] {
+    const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+    const bool capped = cap != nullptr && std::strncmp(cap, "AVX2", 4) != 0 && std::strncmp(cap, "AVX512", 6) != 0 &&
+                        std::strncmp(cap, "AMX", 3) != 0 && std::strcmp(cap, "ALL") != 0 &&
+                        std::strcmp(cap, "DEFAULT") != 0;
+    return __builtin_cpu_supports("avx2") && !capped;
+  }();
+  return yes;
+}
+
 // AVX-512 here, unless ONEDNN_MAX_CPU_ISA caps the process below it: the cap that lowers PyTorch's and
 // w4a8's paths lowers this one, so one machine runs (and the tests compare) both.
 inline bool has_avx512() {
@@ -125,7 +176,7 @@ inline bool has_avx512() {
   }();
   return yes;
 }
-#define SPECDEC_DOTS16 1
+#define SPECDEC_X86_VECTOR 1
 #endif
 
 // e^x for x in [-60, 0] (all attention needs: scores minus their block's max), branch-free so the
@@ -147,7 +198,73 @@ __attribute__((always_inline)) inline float exp_nonpositive(float x) {  // inlin
   return p * __builtin_bit_cast(float, bits);  // not memcpy: the vectorizer takes a bit cast
 }
 
+#ifdef SPECDEC_X86_VECTOR
+// exp_nonpositive() of 8 lanes, each lane with exactly its operations in its order (mul, add, sub;
+// no FMA): the same bits. And the weights of a block, w[t] = x >= -60 ? e^x : 0 for x = score - max.
+// Why: GCC leaves the `omp simd` loop over exp_nonpositive scalar, with a branch per key.
+__attribute__((target("avx2"))) inline __m256 exp_nonpositive8(__m256 x) {
+  const __m256 shifter = _mm256_set1_ps(12582912.f);
+  const __m256 n =
+      _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), shifter), shifter);
+  const __m256 r = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.f / 720.f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f / 120.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f / 24.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f / 6.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+__attribute__((target("avx2"))) void block_weights_avx2(const float* scores, float max, int64_t block, float* w) {
+  const __m256 vmax = _mm256_set1_ps(max), floor = _mm256_set1_ps(kNegligibleExponent);
+  int64_t t = 0;
+  for (; t + 8 <= block; t += 8) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(scores + t), vmax);
+    const __m256 kept = _mm256_cmp_ps(x, floor, _CMP_GE_OQ);  // false for -inf and NaN, as x >= -60
+    const __m256 e = exp_nonpositive8(_mm256_and_ps(kept, x));  // 0 where not kept, as the scalar form
+    _mm256_storeu_ps(w + t, _mm256_and_ps(kept, e));
+  }
+  for (; t < block; ++t) {
+    const float x = scores[t] - max;
+    w[t] = x >= kNegligibleExponent ? exp_nonpositive(x) : 0.f;
+  }
+}
+
+// out[d] += rescale * sum_t w[t] v[t][d] for kDim outputs, 64 at a time in 8 registers, each output's
+// terms in key order (mul then add): the same bits as the scalar loop, without its accumulators in memory.
+template <int kDim>
+__attribute__((target("avx2"))) void add_weighted_values_avx2(const float* w, const float* values, int64_t block,
+                                                              float rescale, float* out) {
+  static_assert(kDim % 64 == 0, "64 outputs at a time");
+  const __m256 scale = _mm256_set1_ps(rescale);
+  for (int d0 = 0; d0 < kDim; d0 += 64) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < block; ++t) {
+      const __m256 wt = _mm256_set1_ps(w[t]);
+      const float* v = values + t * kDim + d0;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(wt, _mm256_loadu_ps(v + 8 * i)));
+    }
+    for (int i = 0; i < 8; ++i) {
+      float* o = out + d0 + 8 * i;
+      _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_mul_ps(acc[i], scale)));
+    }
+  }
+}
+#endif
+
 constexpr int kTileRows = 32;  // query rows attended together
+
+// A block of an fp32 cache whose key (or value) rows are contiguous is read where it lies; other
+// blocks (bf16, or strided) are converted into scratch: the same floats either way. Why: copying
+// every block once per tile moved ~10 MB per layer at 800 cached tokens, as much time as the
+// arithmetic of a 1-token step (benchmarks/RESULTS.md, "Attention in registers").
+inline const float* in_place(const float* rows, int64_t stride, int64_t dim) { return stride == dim ? rows : nullptr; }
+inline const float* in_place(const c10::BFloat16*, int64_t, int64_t) { return nullptr; }
 
 // Where the rows of a tile find their keys. Block j < shared_blocks is the same for every row (a
 // chain's keys, or the cached prefix every node of a tree sees whole: read in place, all visible);
@@ -205,41 +322,50 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
     for (int first = 0, last; first < rows; first = last) {  // a run of rows reading the same block
       const T* block_keys = source.keys(first, j, block);
       for (last = first + 1; last < rows && source.keys(last, j, block) == block_keys; ++last) {}
-      bool any = false;
-      for (int r = first; r < last; ++r)
-        for (int64_t t = 0; t < block; ++t) any |= source.visible(r, j, t);
-      if (any) {
-        const int64_t stride = source.key_row_stride(j);
-        for (int64_t t = 0; t < block; ++t) {
-          const T* k = block_keys + t * stride;
-          for (int64_t d = 0; d < dim; ++d) keys32[t * dim + d] = to_float(k[d]);
+      const float* block_keys32 = in_place(block_keys, source.key_row_stride(j), dim);
+      if (block_keys32 == nullptr) {
+        bool any = false;
+        for (int r = first; r < last; ++r)
+          for (int64_t t = 0; t < block; ++t) any |= source.visible(r, j, t);
+        if (any) {
+          const int64_t stride = source.key_row_stride(j);
+          for (int64_t t = 0; t < block; ++t) {
+            const T* k = block_keys + t * stride;
+            for (int64_t d = 0; d < dim; ++d) keys32[t * dim + d] = to_float(k[d]);
+          }
         }
+        block_keys32 = keys32;
       }
       for (int r = first; r < last; ++r) {
         float* row_scores = scores + r * S + j * block;
         float m = minus_inf;
         int64_t t = 0;
-#ifdef SPECDEC_DOTS16
-        if constexpr (kDim > 0 && kDim % kLanes == 0) {  // 16 keys at a time in AVX-512, same bits
+        // Scores of keys t.. from `count` dot products, masked keys -inf.
+        auto keep = [&](const float* dots, int count) {
+          for (int i = 0; i < count; ++i) row_scores[t + i] = source.visible(r, j, t + i) ? dots[i] * scale : minus_inf;
+        };
+        if constexpr (kDim > 0 && kDim % kLanes == 0) {  // several keys at a time, each with dot()'s bits
+          float dots[16];
+#ifdef SPECDEC_X86_VECTOR
           if (has_avx512()) {
             for (; t + 16 <= block; t += 16) {
-              float dots[16];
-              dots16_avx512<kDim>(queries[r], keys32 + t * dim, dots);
-              for (int i = 0; i < 16; ++i)
-                row_scores[t + i] = source.visible(r, j, t + i) ? dots[i] * scale : minus_inf;
+              dots16_avx512<kDim>(queries[r], block_keys32 + t * dim, dots);
+              keep(dots, 16);
+            }
+          } else if (has_avx2()) {
+            for (; t + 4 <= block; t += 4) {
+              dots4_avx2<kDim>(queries[r], block_keys32 + t * dim, dots);
+              keep(dots, 4);
             }
           }
-        }
 #endif
-        if constexpr (kDim > 0 && kDim % kLanes == 0) {  // 4 keys at a time: independent chains, same bits
-          for (; t + 4 <= block; t += 4) {
-            float dots[4];
-            dot4<kDim>(queries[r], keys32 + t * dim, dots);
-            for (int i = 0; i < 4; ++i) row_scores[t + i] = source.visible(r, j, t + i) ? dots[i] * scale : minus_inf;
+          for (; t + 4 <= block; t += 4) {  // independent chains
+            dot4<kDim>(queries[r], block_keys32 + t * dim, dots);
+            keep(dots, 4);
           }
         }
         for (; t < block; ++t)
-          row_scores[t] = source.visible(r, j, t) ? dot(queries[r], keys32 + t * dim, dim) * scale : minus_inf;
+          row_scores[t] = source.visible(r, j, t) ? dot(queries[r], block_keys32 + t * dim, dim) * scale : minus_inf;
         for (t = 0; t < block; ++t) m = row_scores[t] > m ? row_scores[t] : m;
         block_max[r * blocks + j] = m > floor ? m : floor;  // all masked: floor, so its weights are 0
         overall[r] = block_max[r * blocks + j] > overall[r] ? block_max[r * blocks + j] : overall[r];
@@ -263,10 +389,14 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
       bool any = false;
       for (int r = first; r < last; ++r) any |= rescale[r] != 0.f;
       if (!any) continue;  // a block of weight exactly 0 for every row is skipped, as in the PyTorch form
-      const int64_t stride = source.value_row_stride(j);
-      for (int64_t t = 0; t < block; ++t) {
-        const T* v = block_values + t * stride;
-        for (int64_t d = 0; d < dim; ++d) values32[t * dim + d] = to_float(v[d]);
+      const float* block_values32 = in_place(block_values, source.value_row_stride(j), dim);
+      if (block_values32 == nullptr) {
+        const int64_t stride = source.value_row_stride(j);
+        for (int64_t t = 0; t < block; ++t) {
+          const T* v = block_values + t * stride;
+          for (int64_t d = 0; d < dim; ++d) values32[t * dim + d] = to_float(v[d]);
+        }
+        block_values32 = values32;
       }
       for (int r = first; r < last; ++r) {
         if (rescale[r] == 0.f) continue;
@@ -275,10 +405,17 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
         float* w = weights + r * block;
         float sum = 0.f;
         const float max = block_max[r * blocks + j];
+#ifdef SPECDEC_X86_VECTOR
+        if (has_avx2()) {
+          block_weights_avx2(row_scores, max, block, w);
+        } else
+#endif
+        {
 #pragma omp simd
-        for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
-          const float x = row_scores[t] - max;
-          w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
+          for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
+            const float x = row_scores[t] - max;
+            w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
+          }
         }
         for (int64_t t = 0; t < block; ++t) sum = sum + w[t];
         total[r] = total[r] + sum * rescale[r];
@@ -286,12 +423,20 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
         // output has its own chain, so 64 outputs at a time (kDim known) run 4 chains of 16 lanes
         // side by side; the order of each output's sum is the same either way.
         int64_t d0 = 0;
+#ifdef SPECDEC_X86_VECTOR
+        if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
+          if (has_avx2()) {
+            add_weighted_values_avx2<kDim>(w, block_values32, block, rescale[r], outs[r]);
+            d0 = dim;
+          }
+        }
+#endif
         if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
           for (; d0 < dim; d0 += 4 * kLanes) {
             float acc[4 * kLanes];
             for (int l = 0; l < 4 * kLanes; ++l) acc[l] = 0.f;
             for (int64_t t = 0; t < block; ++t)
-              for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
+              for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * block_values32[t * dim + d0 + l];
             for (int l = 0; l < 4 * kLanes; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
           }
         }
@@ -299,7 +444,7 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
           const int64_t n = dim - d0 < kLanes ? dim - d0 : kLanes;
           float acc[kLanes] = {0};
           for (int64_t t = 0; t < block; ++t)
-            for (int64_t l = 0; l < n; ++l) acc[l] = acc[l] + w[t] * values32[t * dim + d0 + l];
+            for (int64_t l = 0; l < n; ++l) acc[l] = acc[l] + w[t] * block_values32[t * dim + d0 + l];
           for (int64_t l = 0; l < n; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
         }
       }
