@@ -97,14 +97,14 @@ def accepted_length(tokens: Sequence[int], parents: Sequence[int] | None, truth:
     """The longest root path of a draft (a chain when parents is None) that `truth` continues."""
     if parents is None:
         parents = range(-1, len(tokens) - 1)
-    depth: list[int] = []
-    best = 0
+    depth: list[int] = []  # per node: its depth if its whole path follows the answer, else 0
     for token, parent in zip(tokens, parents):
-        d = 1 if parent < 0 else depth[parent] + 1 if depth[parent] > 0 else 0
-        good = d > 0 and d <= len(truth) and truth[d - 1] == token
-        depth.append(d if good else 0)  # 0: this node or an ancestor is off the answer
-        best = max(best, depth[-1])
-    return best
+        if parent >= 0 and depth[parent] == 0:  # an ancestor left the answer
+            depth.append(0)
+            continue
+        d = 1 if parent < 0 else depth[parent] + 1
+        depth.append(d if d <= len(truth) and truth[d - 1] == token else 0)
+    return max(depth, default=0)
 
 
 def _committed(accepted: int, remaining: int, ended_by_eos: bool) -> tuple[int, int]:
@@ -171,11 +171,14 @@ class _SeenSpans:
             for length in range(1, min(self.longest, end + 1) + 1):
                 self.spans.add(tuple(text[end - length + 1:end + 1]))
 
-    def longest_at(self, answer: Sequence[int], position: int) -> int:
-        """The longest answer[position:position + L] (L <= longest) seen; a seen span's prefixes were too."""
+    def longest_at(self, answer: Sequence[int], position: int, also: _SeenSpans | None = None) -> int:
+        """The longest answer[position:position + L] (L <= longest) seen here or in `also`; a seen
+        span's prefixes were seen too."""
         length = 0
-        while length < self.longest and position + length < len(answer) and \
-                tuple(answer[position:position + length + 1]) in self.spans:
+        while length < self.longest and position + length < len(answer):
+            span = tuple(answer[position:position + length + 1])
+            if span not in self.spans and (also is None or span not in also.spans):
+                break
             length += 1
         return length
 
@@ -190,13 +193,12 @@ def copyable_lengths(turns: Sequence[RecordedTurn], k: int, stream: bool) -> lis
         if not stream and turn.question_id != previous_question:
             earlier = _SeenSpans(k)
         previous_question = turn.question_id
-        seen = _SeenSpans(k)
-        seen.spans = set(earlier.spans)
+        seen = _SeenSpans(k)  # this turn's context; the earlier turns' spans stay in `earlier`
         context = list(turn.prompt_ids) + [turn.output_ids[0]]
         seen.add(context)
         row = [0]  # position 0: the prefill's token
         for position in range(1, len(turn.output_ids)):
-            row.append(seen.longest_at(turn.output_ids, position))
+            row.append(seen.longest_at(turn.output_ids, position, also=earlier))
             context.append(turn.output_ids[position])
             seen.add(context, len(context) - 1)
         lengths.append(row)
