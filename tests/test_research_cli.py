@@ -194,6 +194,10 @@ def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_
     assert code == 2 and "no bench results" in err and "Traceback" not in err
     code, text, err = run(capsys, "replay", str(out), "--methods", "draft")
     assert code == 2 and "ngram and suffix only" in err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text((out / "results.jsonl").read_text() + "{not json\n")
+    code, text, err = run(capsys, "replay", str(broken))
+    assert code == 2 and "broken.jsonl:" in err and "not a JSON line" in err
 
 
 def test_bench_with_auto_k_and_lenience_reports_speed_and_quality(capsys, model_dirs, tmp_path):

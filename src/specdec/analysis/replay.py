@@ -88,7 +88,13 @@ def read_results(path: str | Path) -> tuple[dict, list[dict]]:
         path = path / "results.jsonl"
     if not path.exists():
         raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from error
     header = next((row for row in rows if row.get("kind") == "run"), {})
     return header, rows
 
