@@ -23,7 +23,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from specdec.analysis.replay import cost_table, flat_cost, read_results, recorded_turns, replay, tally
+from pathlib import Path
+
+from specdec.analysis.replay import cost_table, flat_cost, recorded_turns, replay, tally
+from specdec.bench.harness import read_results
 from specdec.proposers.suffix import SuffixDraft, SuffixOptions, SuffixProposer, speculate
 
 
@@ -89,7 +92,10 @@ def main() -> None:
     parser.add_argument("--costs", help="benchmarks/verify_cost.py's JSON (default: every forward one step)")
     parser.add_argument("--k", type=int, default=8)
     args = parser.parse_args()
-    header, rows = read_results(args.results)
+    path = Path(args.results)
+    header, rows = read_results(path / "results.jsonl" if path.is_dir() else path)
+    if not rows:
+        raise SystemExit(f"no bench results at {path}")
     turns = recorded_turns(rows)
     cost, label = cost_table(args.costs) if args.costs else (flat_cost, "every forward one step")
     base = SuffixOptions(**header.get("suffix", {}))

@@ -197,7 +197,7 @@ def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_
     broken = tmp_path / "broken.jsonl"
     broken.write_text((out / "results.jsonl").read_text() + "{not json\n")
     code, text, err = run(capsys, "replay", str(broken))
-    assert code == 2 and "broken.jsonl:" in err and "not a JSON line" in err
+    assert code == 2 and "broken.jsonl:" in err and "is not JSON" in err
 
 
 def test_bench_with_auto_k_and_lenience_reports_speed_and_quality(capsys, model_dirs, tmp_path):

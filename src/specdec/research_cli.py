@@ -206,10 +206,12 @@ def add_research_commands(sub) -> None:
                                         "(default: every forward costs one step)")
     replay.add_argument("--ngram-max", type=positive_int, default=None, help="(default: the run's)")
     replay.add_argument("--ngram-min", type=positive_int, default=None, help="(default: the run's)")
-    for name, kind, what in (("cache-requests", int, "earlier answers kept"), ("max-depth", int, "longest match"),
-                             ("spec-factor", float, "drafted tokens per matched token"),
-                             ("min-prob", float, "lowest estimated probability drafted")):
-        replay.add_argument(f"--suffix-{name}", type=kind, default=None, help=f"{what} (default: the run's)")
+    for name, field, kind, what in (("cache-requests", "cache_requests", int, "earlier answers kept"),
+                                    ("max-depth", "max_depth", int, "longest match"),
+                                    ("spec-factor", "spec_factor", float, "drafted tokens per matched token"),
+                                    ("min-prob", "min_token_prob", float, "lowest estimated probability drafted")):
+        replay.add_argument(f"--suffix-{name}", dest=f"suffix_{field}", type=kind, default=None,
+                            help=f"{what} (default: the run's)")
     replay.add_argument("--markdown", help="also write the table to this path")
     replay.add_argument("--json", help="also write everything as JSON to this path")
 
@@ -249,30 +251,29 @@ def _results_path(location: str) -> Path:
 
 
 def cmd_replay(args) -> int:
-    from specdec.analysis.replay import cost_table, flat_cost, read_results, replay_json, replay_markdown, replay_rows
+    from specdec.analysis.replay import cost_table, flat_cost, replay_json, replay_markdown, replay_rows
+    from specdec.bench.harness import read_results
     from specdec.proposers.registry import build_proposer
     from specdec.proposers.suffix import SuffixOptions
 
-    header, rows = read_results(args.results)
+    path = _results_path(args.results)
+    if not path.exists():
+        raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
+    header, rows = read_results(path)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for method in methods:
         if method not in ("ngram", "suffix"):
             raise ValueError(f"replay drafts with the model-free methods ngram and suffix only, not {method!r} "
                              "(the others' drafts come from models)")
     if args.k is not None:
-        ks = _int_list(args.k)
-        if min(ks) < 1:
-            raise ValueError(f"--k must be >= 1, got {args.k}")
+        ks = _int_list(args.k)  # each >= 1
     else:
-        recorded = sorted({row["k"] for row in rows if row.get("kind") == "generation" and
-                           row["method"] in methods and isinstance(row["k"], int) and row["k"] > 0})
-        ks = recorded or [8]
+        ks = sorted({row["k"] for row in rows if row["method"] in methods and isinstance(row["k"], int)
+                     and row["k"] > 0}) or [8]
     suffix = dict(header.get("suffix") or {})
-    for name in ("cache_requests", "max_depth", "spec_factor"):
-        if getattr(args, f"suffix_{name}") is not None:
-            suffix[name] = getattr(args, f"suffix_{name}")
-    if args.suffix_min_prob is not None:
-        suffix["min_token_prob"] = args.suffix_min_prob
+    for field in ("cache_requests", "max_depth", "spec_factor", "min_token_prob"):
+        if getattr(args, f"suffix_{field}") is not None:
+            suffix[field] = getattr(args, f"suffix_{field}")
     options = SuffixOptions(**suffix)
     ngram = dict(ngram_max=args.ngram_max or header.get("ngram_max", 3),
                  ngram_min=args.ngram_min or header.get("ngram_min", 1),

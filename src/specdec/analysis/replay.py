@@ -81,24 +81,6 @@ def recorded_turns(rows: Iterable[dict], method: str = "autoregressive") -> list
     return turns
 
 
-def read_results(path: str | Path) -> tuple[dict, list[dict]]:
-    """A bench results.jsonl (or its directory): the run's header and every row."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.jsonl"
-    if not path.exists():
-        raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not a JSON line ({error.msg})") from error
-    header = next((row for row in rows if row.get("kind") == "run"), {})
-    return header, rows
-
-
 def accepted_length(tokens: Sequence[int], parents: Sequence[int] | None, truth: Sequence[int]) -> int:
     """The longest root path of a draft (a chain when parents is None) that `truth` continues."""
     if parents is None:
