@@ -1,12 +1,12 @@
 """The working tree's attention kernel against another version of kernels/attention.cpp, in one process.
 
-As kernel_ab.py for w4a8: these VMs' speed moves by a third within minutes, so two versions are only
-compared interleaved in one process. This builds the other version under its own op namespace and
-times both on the 1.5B target's attention shape (12 query heads over 2 KV heads, head size 128,
-800 cached tokens unless --context) at 1..16 new tokens, fp32 and bf16 caches, and checks that
-both give the same bits.
+As kernel_ab.py for w4a8 (whose build_other and interleaved it uses): these VMs' speed moves by
+a third within minutes, so two versions are only compared interleaved in one process. This builds
+the other version under its own op namespace and times both on the 1.5B target's attention shape
+(12 query heads over 2 KV heads, head size 128, 800 cached tokens unless --context) at 1..16 new
+tokens, fp32 and bf16 caches, and checks that both give the same bits.
 
-    git show HEAD~1:src/specdec/models/native/kernels/attention.cpp > /tmp/attention_before.cpp
+    git show 9683873:src/specdec/models/native/kernels/attention.cpp > /tmp/attention_before.cpp
     python benchmarks/attention_ab.py /tmp/attention_before.cpp [--context 800] [--passes 40]
     python benchmarks/attention_ab.py /tmp/attention_before.cpp --forwards   # whole forwards too
 
@@ -19,37 +19,15 @@ Both versions must share the op's signature: blocked(query, keys, values, bias, 
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import statistics
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from kernel_ab import build_other, interleaved  # benchmarks/kernel_ab.py
 from specdec.models.native import kernels
 from specdec.models.native.attention import KEY_BLOCK, block_bias, round_up
 
 KV_HEADS, GROUPS, HEAD_DIM = 2, 6, 128  # Qwen2.5-Coder-1.5B
-
-
-def build_other(source: Path):
-    """Compile `source` as the op namespace specdec_attention_other."""
-    from torch.utils import cpp_extension
-    try:
-        import ninja
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    except ImportError:
-        pass
-    text = re.sub(r"TORCH_LIBRARY(_IMPL)?\(specdec_attention,", r"TORCH_LIBRARY\1(specdec_attention_other,",
-                  source.read_text())
-    build = Path(tempfile.mkdtemp(prefix="specdec-attention-ab-"))
-    (build / "attention_other.cpp").write_text(text)
-    cpp_extension.load(name="specdec_attention_other", sources=[str(build / "attention_other.cpp")],
-                       is_python_module=False, extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
-                       build_directory=str(build))
-    return torch.ops.specdec_attention_other.blocked
 
 
 def inputs(rows: int, context: int, dtype: torch.dtype, generator: torch.Generator):
@@ -74,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     if kernels.load() is not None:
         raise SystemExit(f"specdec's kernels do not build here: {kernels.load()}")
-    ours, other = torch.ops.specdec_attention.blocked, build_other(args.other)
+    ours, other = torch.ops.specdec_attention.blocked, build_other(args.other, "specdec_attention").blocked
     generator = torch.Generator().manual_seed(0)
     print(f"ms per call (median of {args.passes}, interleaved), {args.context} cached tokens, "
           f"{torch.get_num_threads()} threads")
@@ -83,14 +61,9 @@ def main() -> None:
         for rows in args.rows:
             tensors = inputs(rows, args.context, dtype, generator)
             same = torch.equal(ours(*tensors, KEY_BLOCK), other(*tensors, KEY_BLOCK))
-            times = {"ours": [], "other": []}
-            for index in range(args.passes):
-                order = (("ours", ours), ("other", other)) if index % 2 == 0 else (("other", other), ("ours", ours))
-                for name, op in order:
-                    start = time.perf_counter()
-                    op(*tensors, KEY_BLOCK)
-                    times[name].append(time.perf_counter() - start)
-            mine, theirs = (statistics.median(times[name]) * 1e3 for name in ("ours", "other"))
+            medians = interleaved({"ours": lambda: ours(*tensors, KEY_BLOCK),
+                                   "other": lambda: other(*tensors, KEY_BLOCK)}, args.passes)
+            mine, theirs = medians["ours"] * 1e3, medians["other"] * 1e3
             print(f"{str(dtype).split('.')[-1]:9s} {rows:4d} {mine:10.3f} {theirs:10.3f} {mine / theirs:10.2f}  {same}")
     if args.forwards:
         time_forwards(other, args.context, args.rows, max(args.passes // 4, 5))
@@ -129,13 +102,8 @@ def time_forwards(other, context: int, row_counts: list[int], passes: int) -> No
                 return logits
 
             same = torch.equal(forward(False), forward(True))
-            times = {False: [], True: []}
-            for index in range(passes):
-                for version in ((False, True) if index % 2 == 0 else (True, False)):
-                    start = time.perf_counter()
-                    forward(version)
-                    times[version].append(time.perf_counter() - start)
-            mine, theirs = (statistics.median(times[v]) * 1e3 for v in (False, True))
+            medians = interleaved({"ours": lambda: forward(False), "other": lambda: forward(True)}, passes)
+            mine, theirs = medians["ours"] * 1e3, medians["other"] * 1e3
             print(f"{rows:6d} {mine:10.1f} {theirs:10.1f} {mine / theirs:10.2f}  {same}")
     attention.blocked_attention = original
 

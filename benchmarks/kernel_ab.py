@@ -34,20 +34,22 @@ from specdec.models.loader import load_model
 from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
 
 
-def build_other(source: Path) -> object:
-    """Compile `source` as the op namespace specdec_w4a8_other; returns torch.ops.specdec_w4a8_other."""
+def build_other(source: Path, library: str = "specdec_w4a8") -> object:
+    """Compile `source` with its ops moved from namespace `library` to `library`_other; returns
+    torch.ops.<library>_other (benchmarks/attention_ab.py builds kernels/attention.cpp this way)."""
     from torch.utils import cpp_extension
     try:
         import ninja
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     except ImportError:
         pass
-    text = re.sub(r"TORCH_LIBRARY(_IMPL)?\(specdec_w4a8,", r"TORCH_LIBRARY\1(specdec_w4a8_other,", source.read_text())
+    other = f"{library}_other"
+    text = re.sub(rf"TORCH_LIBRARY(_IMPL)?\({library},", rf"TORCH_LIBRARY\1({other},", source.read_text())
     build = Path(tempfile.mkdtemp(prefix="specdec-kernel-ab-"))
-    (build / "w4a8_other.cpp").write_text(text)
-    cpp_extension.load(name="specdec_w4a8_other", sources=[str(build / "w4a8_other.cpp")], is_python_module=False,
+    (build / f"{other}.cpp").write_text(text)
+    cpp_extension.load(name=other, sources=[str(build / f"{other}.cpp")], is_python_module=False,
                        extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build))
-    return torch.ops.specdec_w4a8_other
+    return getattr(torch.ops, other)
 
 
 def interleaved(runs: dict, passes: int) -> dict[str, float]:
