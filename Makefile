@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; see constraints.txt (users elsewhere just need torch>=2.4).
 PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test test-fast models heads install dev bench-assisted vllm clean
+.PHONY: demo test test-env test-fast models heads install dev bench-assisted vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +36,19 @@ heads: models
 	$(BIN)/specdec train-head --kind medusa
 
 # The integration tests serve a specdec-exported EAGLE-3 head with vLLM, hence vllm.
-test: dev models vllm
-	$(BIN)/python -m pytest -q
+# Two test processes (pytest-xdist), one per core of the 2-core machines CI runs on; each test
+# runs single-threaded (tests/conftest.py) and the longest files start first. TEST_JOBS=1 for one.
+# vLLM's virtualenv builds beside the project's (independent venvs; -j2 overlaps the two installs).
+TEST_JOBS ?= 2
+test:
+	$(MAKE) -j2 vllm test-env
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
+
+test-env: dev
+	$(MAKE) models
 
 test-fast: dev
-	$(BIN)/python -m pytest -q -m "not integration and not isa"
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) -m "not integration and not isa"
 
 # vLLM's CPU build, for serving a head exported by `specdec export-head` and for comparing
 # servers; its own virtualenv (it wants transformers < 5.20). See requirements-vllm.txt.

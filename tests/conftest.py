@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import string
 import sys
 
@@ -82,19 +85,81 @@ def draft_runner() -> HFRunner:
     return HFRunner(make_model(seed=1, layers=1))
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Say which oneDNN ISA caps the real-shape invariance tests ran under (tests/models/test_invariance.py)."""
-    module = sys.modules.get("test_invariance") or sys.modules.get("models.test_invariance")
-    if module is None:
-        return
-    from specdec.models.cpu_features import ISA_CAPS, cpu_model
+# Longest first, so that two test processes (`make test`: pytest-xdist) finish together: the
+# integration files (the real models; each loads the pair once per process), then the real-shape
+# ISA probes (a subprocess each), then the unit tests on tiny models.
+HEAVY_FIRST = ("test_real_eagle3.py", "test_real_heads.py", "test_real_methods.py", "test_real_batched.py",
+               "test_invariance.py")
 
-    if not module.ISA_CAPS_RAN:
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each test file in one test process, as its module fixtures (a pair of real models, a live
+    server) and some tests' order expect; the real-shape ISA probes, one subprocess each, spread
+    one by one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesTogetherIsaProbesApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if "under_every_isa_cap[" in nodeid else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # keep pytest_collection_modifyitems' order: longest first
+    return FilesTogetherIsaProbesApart(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
+
+
+# The embedded real models for the integration files (tests/test_real_*.py): here, not in
+# real_models.py, so that session scope means once per test process, not once per file.
+@pytest.fixture(scope="session")
+def qwen_pair():
+    from real_models import load_pair
+
+    return load_pair()
+
+
+@pytest.fixture(scope="session")
+def plain_references(qwen_pair) -> dict[str, list[int]]:
+    """The target's plain greedy answer to every prompt of real_models.py (computed once)."""
+    from real_models import plain_answers
+
+    return plain_answers(qwen_pair[0])
+
+
+MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None) if sys.platform == "linux" else None
+
+
+@pytest.fixture(autouse=True)
+def _return_freed_memory_after_real_models(request):
+    """After each integration test, hand the memory its models freed back to the OS: glibc keeps
+    freed heap pages (GBs after a transformers load), and two test processes, a vLLM server and
+    its reference model must fit in the 24 GB of the machines CI runs on."""
+    yield
+    if request.node.get_closest_marker("integration") is not None:
+        gc.collect()
+        if MALLOC_TRIM is not None:
+            MALLOC_TRIM(0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which oneDNN ISA caps the real-shape invariance tests ran under (tests/models/test_invariance.py),
+    read from the passed reports, so that it holds when pytest-xdist ran them in other processes."""
+    ran = [report.nodeid.rsplit("[", 1)[1].rstrip("]").replace("-", "/").removesuffix("/none")
+           for report in terminalreporter.stats.get("passed", [])
+           if "test_real_shapes_are_batch_invariant_under_every_isa_cap[" in report.nodeid]
+    if not ran:
         return
-    ran = ", ".join(module.ISA_CAPS_RAN)
-    missing = [cap for cap in ISA_CAPS if cap not in module.CAPS_HERE]
+    from specdec.models.cpu_features import ISA_CAPS, cpu_model, supported_isa_caps
+
+    missing = [cap for cap in ISA_CAPS if cap not in supported_isa_caps()]
     terminalreporter.write_line(f"invariance at real shapes on {cpu_model()}: passed under ONEDNN_MAX_CPU_ISA "
-                                f"{ran}; not on this CPU: {', '.join(missing) or 'none'}")
+                                f"{', '.join(ran)}; not on this CPU: {', '.join(missing) or 'none'}")
 
 
 def run_all(engine, requests: dict) -> dict:

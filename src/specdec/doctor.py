@@ -142,14 +142,15 @@ def cmd_doctor(args) -> int:
     _print_group("projections, 1..64 rows vs each row alone" if step is None else
                  f"projections, {step}..{8 * step} rows vs each block of {step} (every forward runs {step} tokens "
                  "a row here)", report.cases)
-    chunk_report = probe_chunkings(runner, contexts)
+    # The tree goes on from the longest context the chunkings leave cached (one prefill for both).
+    chunk_report = probe_chunkings(runner, contexts, keep_last_context=True)
+    tree = probe_tree(runner, contexts[-1], prefilled=True) if contexts else probe_tree(runner, 64)
     _print_group(f"chunkings [1]*9 [9] [3,3,3] [5,4] [2,2,2,2,1] at contexts {','.join(map(str, contexts))}",
                  chunk_report.cases)
     report.extend(chunk_report)
     batched = probe_batched_rows(runner, contexts[len(contexts) // 2] if contexts else 64)
     _print_group("ragged rows decoded together vs alone", batched.cases)
     report.extend(batched)
-    tree = probe_tree(runner, contexts[-1] if contexts else 64)
     _print_group("a 7-node draft tree in one forward vs each path alone", tree.cases)
     report.extend(tree)
 

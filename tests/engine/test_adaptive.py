@@ -13,7 +13,7 @@ from specdec.engine import SpecEngine
 from specdec.engine.adaptive import AdaptiveK
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
-from specdec.proposers.base import ProposeContext
+from specdec.proposers.base import ProposeContext, Proposer
 from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
 
@@ -194,7 +194,7 @@ def test_ngram_proposal_length_follows_the_match_length():
 # ---- lossless with adaptive k ------------------------------------------------------------------
 
 
-class AlwaysWrong:
+class AlwaysWrong(Proposer):
     """Drafts max_k tokens the greedy target never picks next (the argmax + 1), a worst case for k."""
 
     def __init__(self, target: HFRunner) -> None:
@@ -254,7 +254,7 @@ def test_the_registry_builds_adaptive_proposers(draft_runner):
         build_proposer("draft", draft_runner=draft_runner, draft_confidence=1.5, adaptive=True)
 
 
-class CountingProposer:
+class CountingProposer(Proposer):
     """Delegates to a proposer and records the k asked for and how many tokens each proposal holds."""
 
     def __init__(self, inner) -> None:

@@ -11,13 +11,13 @@ from scipy.stats import chisquare
 from conftest import VOCAB_SIZE, make_model
 from specdec.engine import SpecEngine
 from specdec.models.hf import HFRunner
-from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
+from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer, Proposer
 from specdec.sampling import SamplingParams, warp_logits
 
 PROMPT = "the quick brown fox"
 
 
-class ScriptedProposer:
+class ScriptedProposer(Proposer):
     """Drafts the reference continuation but breaks it at a chosen position.
 
     Step i proposes `accept_plan[i % len]` correct tokens followed by wrong
@@ -206,7 +206,7 @@ def _copyable_prompt(target: HFRunner, params: SamplingParams) -> list[int]:
     return [3, b, 4, 3]
 
 
-class Counting:
+class Counting(Proposer):
     """Passes through to a proposer, counting drafted and accepted tokens."""
 
     def __init__(self, inner) -> None:

@@ -13,6 +13,7 @@ from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
 from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, frozen_vocabulary, load_head, save_head
 from specdec.models.hf import HFRunner
+from specdec.proposers.base import Proposer
 from specdec.proposers.batched import RowwiseProposer
 from specdec.proposers.heads import EagleProposer, MedusaProposer, medusa_tree
 from specdec.proposers.registry import build_proposer
@@ -190,7 +191,7 @@ def test_batched_heads_with_goodput_k_stay_greedy_exact(name, model, target, voc
     check_batched_heads_equal_each_alone(model, target, _proposers(eagle, medusa, vocab)[name], k="auto")
 
 
-class PathCounter:
+class PathCounter(Proposer):
     """Wraps a proposer; counts steps where more than one drafted token was accepted."""
 
     reads_target_hidden = True

@@ -114,13 +114,11 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer, k: int, stream: bo
     """
     vocab = 1 + max(max(t.prompt_ids + t.output_ids) for t in turns) if turns else 1
     params = SamplingParams(temperature=0.0)
-    forget = getattr(proposer, "forget_earlier_requests", None)
-    end = getattr(proposer, "end_request", None)
     results = []
     previous_question = None
     for turn in turns:
-        if not stream and turn.question_id != previous_question and forget is not None:
-            forget()
+        if not stream and turn.question_id != previous_question:
+            proposer.forget_earlier_requests()
         previous_question = turn.question_id
         proposer.reset()
         answer = turn.output_ids
@@ -140,8 +138,7 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer, k: int, stream: bo
             position += committed
             steps.drafted.append(count)
             steps.accepted.append(accepted)
-        if end is not None:
-            end(list(turn.prompt_ids), list(answer))
+        proposer.end_request(list(turn.prompt_ids), list(answer))
         results.append(steps)
     return results
 

@@ -1,6 +1,6 @@
 """From bench rows to a report: per category and overall, per temperature and method.
 
-Speedup follows DESIGN.md: tokens/s of the method over tokens/s of plain
+Speedup follows docs/architecture.md ("Words"): tokens/s of the method over tokens/s of plain
 decoding, same prompts, same run. Per prompt, repeats are reduced to their
 median tokens/s first (these machines are noisy); the reported speedup is the
 mean of the per-prompt ratios (Spec-Bench's convention) with its standard

@@ -71,7 +71,7 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path, time
 @contextmanager
 def vllm_server(model_dir: Path | str, *, python: Path, log_path: Path, speculative_config: str | None = None,
                 dtype: str = "float32", max_model_len: int = 1024, max_batched_tokens: int = 512,
-                kv_cache_gib: int = 4, startup_timeout_s: float = 1500):
+                kv_cache_gib: int = 4, startup_timeout_s: float = 1500, enforce_eager: bool = False):
     """Run `vllm serve` (its OpenAI API server) on model_dir; yields the base URL once /health answers.
 
     Started as a module (`python -m vllm.entrypoints.openai.api_server`): the CPU wheel's
@@ -81,6 +81,8 @@ def vllm_server(model_dir: Path | str, *, python: Path, log_path: Path, speculat
     dtype float32 by default: vLLM's CPU backend falls back from oneDNN to torch's bf16 matmul on
     CPUs without bf16 instructions, and its start-up warm-up (a prefill of max_batched_tokens)
     then ran over 10 minutes on a 2-core AVX2 EPYC; in float32 the server is up in about 4.
+    enforce_eager: no torch.compile warm-up (2.5 of those minutes on a 2-core Xeon), for tests
+    that check what it serves, not how fast.
     """
     port = free_port()
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
@@ -89,6 +91,8 @@ def vllm_server(model_dir: Path | str, *, python: Path, log_path: Path, speculat
                "--seed", "0"]
     if speculative_config:
         command += ["--speculative-config", speculative_config]
+    if enforce_eager:
+        command.append("--enforce-eager")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "PYTHONUNBUFFERED": "1"}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:

@@ -116,7 +116,7 @@ class BatchEngine:
                                            or spec_max_batch < 1):
             raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
         # k "auto": each step's k from measured costs and each row's acceptance (engine/goodput.py)
-        self.goodput = (GoodputK(max_k, extra_tokens=int(getattr(proposer, "extra_verify_tokens", 0)))
+        self.goodput = (GoodputK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
                         if k == "auto" else None)
         self.target, self.proposer, self.tokenizer = target, proposer, tokenizer
         self.k = max_k if k == "auto" else k  # the most any row drafts in a step
@@ -132,8 +132,8 @@ class BatchEngine:
         self.last_step = StepInfo()
         self.shared_prefills = 0  # requests whose prefill was copied from a running twin (same prompt)
         # EAGLE / EAGLE-3 / Medusa: the proposer reads the target's features (all of a row's, from its prefill on).
-        self._reads_hidden = bool(getattr(proposer, "reads_target_hidden", False))
-        self._feature_layers = tuple(getattr(proposer, "target_layers", ()))
+        self._reads_hidden = proposer is not None and proposer.reads_target_hidden
+        self._feature_layers = tuple(proposer.target_layers) if proposer is not None else ()
         self.prompt_cache = (prompt_cache and not self._reads_hidden
                              and bool(getattr(target, "exact_prefix_reuse", False)))
         self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds
@@ -447,10 +447,9 @@ class BatchEngine:
                                      num_draft[b], num_accepted[b], logprobs))
             if row.request.finished:
                 finished.append(b)
-        end_row = getattr(self.proposer, "end_row", None)
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
-            if end_row is not None:
-                end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
+            if self.proposer is not None:
+                self.proposer.end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
             if self.goodput is not None:
                 self.goodput.forget(self._rows[b].handle)
             parked = self._parkable(b) if self.prompt_cache else None

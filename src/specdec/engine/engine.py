@@ -1,6 +1,6 @@
 """SpecEngine: prefill, speculative step, generate, stream.
 
-One step (DESIGN.md; Chen et al. 2023, Algorithm 2):
+One step (docs/architecture.md; Chen et al. 2023, Algorithm 2):
   1. the proposer drafts up to k tokens;
   2. one target forward over [last_token, *draft];
   3. the target logits are warped with the request's SamplingParams;
@@ -213,7 +213,7 @@ class SpecEngine:
         self.adaptive = AdaptiveK(max_k=max_k) if k == "auto" else None
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
         # The target's features not yet handed to a proposer that reads them ([1, n, H]).
-        self._keeps_hidden = bool(getattr(proposer, "reads_target_hidden", False))
+        self._keeps_hidden = proposer is not None and proposer.reads_target_hidden
         self._pending_hidden: torch.Tensor | None = None
         # Prompt caching across requests (what llama-server's cache_prompt and vLLM's prefix caching
         # do): the target's cache still holds the last request's prompt and answer, so a prompt that
@@ -371,15 +371,13 @@ class SpecEngine:
         """Empty what the proposer learned from earlier requests (suffix decoding's cache), so the
         next request runs as if it were the first (the bench measures requests alone this way)."""
         self._cached = None
-        forget = getattr(self.proposer, "forget_earlier_requests", None)
-        if forget is not None:
-            forget()
+        if self.proposer is not None:
+            self.proposer.forget_earlier_requests()
 
     def _end_request(self, request: Request) -> None:
         """Tell a proposer that learns across requests (suffix decoding's cache) what was written."""
-        end = getattr(self.proposer, "end_request", None)
-        if end is not None:
-            end(request.prompt_ids, request.generated)
+        if self.proposer is not None:
+            self.proposer.end_request(request.prompt_ids, request.generated)
 
     def _next_k(self, context_len: int, remaining: int) -> int:
         if self.adaptive is None:
@@ -388,8 +386,7 @@ class SpecEngine:
 
     def _unread_tokens(self, context_len: int) -> int:
         """What the proposer must still read before it drafts (Proposer.unread_tokens; 0 where it keeps no state)."""
-        unread = getattr(self.proposer, "unread_tokens", None)
-        return 0 if unread is None else unread(context_len)
+        return 0 if self.proposer is None else self.proposer.unread_tokens(context_len)
 
     def _prefill(self, tokens: torch.Tensor) -> int:  # [1, L]
         """A target cache holding every token but the last, which opens the first step; returns how
@@ -402,7 +399,7 @@ class SpecEngine:
         self._cached = None
         self._pending_hidden = None
         if self._keeps_hidden:
-            select_target_features(self.target, getattr(self.proposer, "target_layers", ()))
+            select_target_features(self.target, self.proposer.target_layers)
         if tokens.shape[1] - 1 > reused:
             positions = torch.arange(reused, tokens.shape[1] - 1, device=tokens.device)[None]
             output = self.target.forward(tokens[:, reused:-1], positions, last_n_logits=1)
@@ -491,7 +488,6 @@ class SpecEngine:
         if self.adaptive is not None:
             self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,
                                  verified_tokens=k + 1, verify_s=outcome.verify_s, caught_up=caught_up)
-        tree_budget = getattr(self.proposer, "tree_budget", None)  # --tree-size auto: it sizes the next tree
-        if tree_budget is not None and proposal.parents is not None:
-            tree_budget.record(verified_tokens=k + 1, verify_s=outcome.verify_s, accepted=num_accepted)
+        if proposal.parents is not None and self.proposer.tree_budget is not None:  # --tree-size auto
+            self.proposer.tree_budget.record(verified_tokens=k + 1, verify_s=outcome.verify_s, accepted=num_accepted)
         return outcome

@@ -1,11 +1,9 @@
-"""The Proposer protocol and the DraftProposal it returns."""
+"""The Proposer interface (every hook, with its default) and the DraftProposal it returns."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
 from specdec.sampling.params import SamplingParams
@@ -99,23 +97,48 @@ class ProposeContext:
     target_hidden: torch.Tensor | None = None
 
 
-class Proposer(Protocol):
-    """Guesses up to max_k next tokens, then hears how many were accepted.
+class Proposer:
+    """Guesses up to max_k next tokens, then hears how many were accepted (one request, B = 1).
 
-    The proposer owns its state (a draft KV cache, an n-gram index) and must
-    only ever keep state derived from committed tokens: on_verified() is where
-    it forgets rejected guesses.
+    The proposer owns its state (a draft KV cache, an n-gram index) and must only ever keep state
+    derived from committed tokens: on_verified() is where it forgets rejected guesses. Every hook
+    the engine calls is declared here with a default that does nothing, so the engine calls them
+    directly and a proposer overrides only what it uses (as HF's CandidateGenerator declares its
+    hooks; docs/architecture.md).
     """
 
-    # True for proposers that need ctx.target_hidden (the engine then keeps the target's features).
+    # The engine keeps the target's features of the committed tokens (ProposeContext.target_hidden)
+    # for proposers that read them: the EAGLE, EAGLE-3 and Medusa heads.
     reads_target_hidden: bool = False
+    # Which target layers' inputs those features include besides the final norm's (EAGLE-3).
+    target_layers: tuple[int, ...] = ()
+    # Tokens a drafting step adds to the verification forward besides its drafts (lookahead
+    # decoding's Jacobi window); the goodput controller counts them in the step's cost.
+    extra_verify_tokens: int = 0
+    # --tree-size auto: the controller that sizes the next tree from measured verification costs
+    # (proposers/tree_budget.py); the engine records each tree step into it. None = fixed trees.
+    tree_budget = None
 
-    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal: ...
+    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        raise NotImplementedError
 
-    def on_verified(self, num_accepted: torch.Tensor) -> None: ...  # [B] roll back own state
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        """[B] drafts accepted in the last proposal: roll back own state. Stateless: nothing."""
 
-    def reset(self) -> None: ...  # forget everything: a new request starts
-    # Optional, for proposers with a prefill of their own (a draft model):
-    #   def unread_tokens(self, context_len: int) -> int
-    # committed tokens it has not read yet (1-2 between steps, a prompt's worth at a request's
-    # start), so -k auto can weigh reading them against what drafting would save.
+    def reset(self) -> None:
+        """Forget the request: a new one starts."""
+
+    def unread_tokens(self, context_len: int) -> int:
+        """Committed tokens it has not read yet (a draft model's own prefill: 1-2 between steps, a
+        prompt's worth at a request's start), so -k auto can weigh reading them against what
+        drafting would save. 0 where it keeps no such state."""
+        return 0
+
+    def read_lookahead(self, logits: torch.Tensor) -> None:
+        """The target's logits [m, V] at the lookahead tokens its last proposal carried."""
+
+    def end_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """A request finished: what was written (suffix decoding's cache learns across requests)."""
+
+    def forget_earlier_requests(self) -> None:
+        """Empty what it learned from earlier requests, so the next runs as if it were the first."""

@@ -16,7 +16,6 @@ Two implementations:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
 
@@ -26,14 +25,33 @@ from specdec.proposers.draft_model import CATCH_UP_CHUNK, CONTEXT_WINDOW, match_
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
-class BatchProposer(Protocol):
-    def start_row(self, row: int) -> None: ...  # a new request now runs in row
+class BatchProposer:
+    """Proposes for B running requests at once, row b for the request in the target's cache row b.
 
-    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal: ...  # [B, k]
+    Every hook the batched engine calls is declared here with a default that does nothing; an
+    implementation overrides what it uses (see Proposer for the single-request interface)."""
 
-    def on_verified(self, num_accepted: torch.Tensor) -> None: ...  # [B] for rows 0..B-1
+    reads_target_hidden: bool = False  # as Proposer's
+    target_layers: tuple[int, ...] = ()  # as Proposer's
+    extra_verify_tokens: int = 0  # as Proposer's
 
-    def move_row(self, source: int, destination: int) -> None: ...  # packing after a request left
+    def start_row(self, row: int) -> None:
+        """A new request now runs in row."""
+
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:  # [B, k]
+        raise NotImplementedError
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        """[B] drafts accepted in rows 0..B-1."""
+
+    def read_lookahead(self, row: int, logits: torch.Tensor) -> None:
+        """The target's logits [m, V] at the lookahead tokens row's last proposal carried."""
+
+    def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        """The request in row finished (suffix decoding's shared cache learns its output)."""
+
+    def move_row(self, source: int, destination: int) -> None:
+        """Packing after a request left: source's state now belongs to destination."""
 
 
 def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: torch.device) -> DraftProposal:
@@ -64,7 +82,7 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
                          row_lookahead=lookaheads if any(extra is not None for extra in lookaheads) else None)
 
 
-class RowwiseProposer:
+class RowwiseProposer(BatchProposer):
     """One single-sequence proposer per row; propose() asks each row's in turn.
 
     A head proposer (EAGLE, EAGLE-3, Medusa) keeps its own small KV cache per row and shares
@@ -75,10 +93,9 @@ class RowwiseProposer:
         self.rows: list[Proposer] = [make_proposer() for _ in range(slots)]
         self._proposed = [False] * slots  # whose proposal is being verified
         first = self.rows[0]
-        self.reads_target_hidden = bool(getattr(first, "reads_target_hidden", False))
-        self.target_layers = tuple(getattr(first, "target_layers", ()))
-        # Lookahead decoding: tokens a drafting row adds to the verify forward besides its drafts.
-        self.extra_verify_tokens = int(getattr(first, "extra_verify_tokens", 0))
+        self.reads_target_hidden = first.reads_target_hidden
+        self.target_layers = tuple(first.target_layers)
+        self.extra_verify_tokens = first.extra_verify_tokens
 
     def start_row(self, row: int) -> None:
         self.rows[row].reset()
@@ -102,16 +119,14 @@ class RowwiseProposer:
 
     def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """The request in row finished (suffix decoding's shared cache learns its output)."""
-        end = getattr(self.rows[row], "end_request", None)
-        if end is not None:
-            end(prompt_ids, output_ids)
+        self.rows[row].end_request(prompt_ids, output_ids)
 
     def move_row(self, source: int, destination: int) -> None:
         self.rows[source], self.rows[destination] = self.rows[destination], self.rows[source]
         self._proposed[destination] = self._proposed[source]
 
 
-class BatchedDraftModelProposer:
+class BatchedDraftModelProposer(BatchProposer):
     """DraftModelProposer (Chen et al. 2023, Algorithm 2) for B rows in lockstep.
 
     Each row's draft cache holds its committed tokens except those the target
@@ -238,7 +253,7 @@ def _row_of(proposal: DraftProposal, row: int) -> DraftProposal:
                          None if proposal.probs is None else proposal.probs[row:row + 1, :count])
 
 
-class BatchedNgramThenDraftProposer:
+class BatchedNgramThenDraftProposer(BatchProposer):
     """ngram+draft (proposers/hybrid.py) for B rows: each row's n-gram lookup first; the rows it finds
     nothing for draft with the draft model, together, in one BatchedDraftModelProposer call (the rows
     that copied take k = 0 there, so their generators are untouched). As in the single-sequence

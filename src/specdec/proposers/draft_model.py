@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from specdec.models.runner import ModelRunner
-from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -55,7 +55,7 @@ CATCH_UP_CHUNK = 64  # prompt tokens the draft reads per step while it is behind
 CONTEXT_WINDOW = 256  # the draft reads at most this many of the prompt's last tokens
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     def __init__(self, runner: ModelRunner, confidence_threshold: float | None = None,
                  catch_up_chunk: int = CATCH_UP_CHUNK, context_window: int | None = CONTEXT_WINDOW) -> None:
         if catch_up_chunk < 1:

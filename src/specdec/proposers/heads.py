@@ -28,7 +28,7 @@ import torch
 from specdec.proposers.tree_budget import TreeBudget
 from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, MedusaHeads
 from specdec.models.native.attention import attention_mask
-from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -38,7 +38,7 @@ def _full_width(reduced_logits: torch.Tensor, vocab: FrozenVocabulary, vocab_siz
     return full.index_copy_(-1, vocab.vocab_ids, reduced_logits)
 
 
-class EagleProposer:
+class EagleProposer(Proposer):
     """EAGLE (EagleHead) and EAGLE-3 (models/eagle3.py: Eagle3Head) alike: both feed the
     committed tokens' target features, then their own outputs. EAGLE-3's head first fuses
     the target's layers (read_target) and normalises its output before the output matrix
@@ -215,7 +215,7 @@ def default_accuracies(num_heads: int, topk: int = 8) -> list[list[float]]:
     return [[0.6 * 0.7 ** depth * 0.5 ** rank for rank in range(topk)] for depth in range(num_heads)]
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
     reads_target_hidden = True
 
     def __init__(self, heads: MedusaHeads, vocab: FrozenVocabulary, *, tree_size: int = 0,

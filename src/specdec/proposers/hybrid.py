@@ -17,7 +17,7 @@ import torch
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 
 
-class NgramThenDraftProposer:
+class NgramThenDraftProposer(Proposer):
     def __init__(self, ngram: Proposer, draft: Proposer, draft_max_k: int | None = None) -> None:
         if draft_max_k is not None and (isinstance(draft_max_k, bool) or not isinstance(draft_max_k, int)
                                         or draft_max_k < 1):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, chain_or_tree
+from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, Proposer, chain_or_tree
 
 DEFAULT_WINDOW = 4
 DEFAULT_NGRAM = 3
@@ -90,7 +90,7 @@ def merge_ngrams(ngrams: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-class LookaheadProposer:
+class LookaheadProposer(Proposer):
     """Lookahead decoding as a Proposer (native backend: it needs the tree mask).
 
     >>> engine = SpecEngine(target_runner, LookaheadProposer(), tokenizer, k=4)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.proposers.base import DraftProposal, ProposeContext, committed_since
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
 
 TIE_BREAKS = ("recent", "random")
 
@@ -166,7 +166,7 @@ class NgramIndex:
         return None
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Prompt lookup / LLMA as a Proposer: point-mass drafts from an NgramIndex.
 
     >>> proposer = NgramProposer(ngram_max=3, ngram_min=1)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.proposers.base import DraftProposal, ProposeContext, chain_or_tree, committed_since
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 
 DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
 # The cache's trie is Python objects with path-compressed leaves: about 1 KB per cached output
@@ -271,7 +271,7 @@ class _Cursor:
             self.matches = grown
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     """Suffix decoding as a Proposer: point-mass draft trees from this request's trie and the
     shared cache of earlier outputs.
 

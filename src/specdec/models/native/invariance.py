@@ -1,7 +1,7 @@
 """The invariance probe: are a position's logits independent of who shares its forward?
 
 Speculative greedy output is token for token plain greedy output only if they
-are (DESIGN.md, "Batch invariance"). attention.py fixes the reduction order by
+are (docs/architecture.md, "Batch invariance"). attention.py fixes the reduction order by
 construction; what it cannot fix is a BLAS library that rounds a GEMM row
 differently depending on how many rows share the call. So this module checks,
 on the machine it runs on and at the model's real shapes:
@@ -163,16 +163,27 @@ def _window(runner, context_ids: torch.Tensor, window_ids: torch.Tensor, chunks,
 
 
 @torch.inference_mode()
-def probe_chunkings(runner, contexts, seed: int = 0, progress=None) -> InvarianceReport:
+def probe_chunkings(runner, contexts, seed: int = 0, progress=None, keep_last_context: bool = False
+                    ) -> InvarianceReport:
     """The full model: every chunking of a 9-token window after c context tokens, for each c.
 
-    The context is prefilled once per c; each chunking then rolls the cache back to it."""
+    Every c reads the same random token stream: its context is prefilled by extending the previous
+    c's (growing contexts cost one prefill of the longest, not one per c), and each chunking then
+    rolls the cache back to it. keep_last_context: the cache is left holding the last c's context
+    (probe_tree can go on from it) instead of emptied."""
     report = InvarianceReport()
     generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, runner.vocab_size, (1, max(contexts, default=0) + 9), generator=generator)
+    runner.reset()
+    cached = 0
     for context in contexts:
-        ids = torch.randint(0, runner.vocab_size, (1, context + 9), generator=generator)
-        runner.reset()
-        runner.forward(ids[:, :context], torch.arange(context)[None], last_n_logits=1)
+        if context < cached:  # contexts out of order: start again from an empty cache
+            runner.reset()
+            cached = 0
+        runner.truncate([cached])  # drop the last window
+        if context > cached:
+            runner.forward(ids[:, cached:context], torch.arange(cached, context)[None], last_n_logits=1)
+        cached = context
         results = []
         for chunks in CHUNKINGS:
             runner.truncate([context])
@@ -182,7 +193,10 @@ def probe_chunkings(runner, contexts, seed: int = 0, progress=None) -> Invarianc
             report.add(f"model, context {context}, chunks {list(chunks)}: logits", logits, results[0][0])
         if progress is not None:
             progress(context)
-    runner.reset()
+    if keep_last_context and contexts:
+        runner.truncate([contexts[-1]])
+    else:
+        runner.reset()
     return report
 
 
@@ -218,17 +232,20 @@ TREE_PARENTS = (-1, -1, 0, 0, 2, 1, 4)  # root -> 0 -> {2 -> 4 -> 6, 3}; root ->
 
 
 @torch.inference_mode()
-def probe_tree(runner, context: int, seed: int = 0) -> InvarianceReport:
+def probe_tree(runner, context: int, seed: int = 0, prefilled: bool = False) -> InvarianceReport:
     """A tree of 7 drafts after the root token, verified in one forward (tree verification):
-    each node's logits must be bit-identical to its path decoded one token at a time."""
+    each node's logits must be bit-identical to its path decoded one token at a time. prefilled:
+    the runner's cache already holds `context` tokens (probe_chunkings(keep_last_context=True)),
+    so they are not read again."""
     from specdec.sampling.tree import tree_attention_mask, tree_depths, tree_paths
 
     report = InvarianceReport()
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, runner.vocab_size, (1, context + 1 + len(TREE_PARENTS)), generator=generator)
     prefix, root, nodes = ids[:, :context], ids[:, context:context + 1], ids[:, context + 1:]
-    runner.reset()
-    runner.forward(prefix, torch.arange(context)[None], last_n_logits=1)
+    if not prefilled:
+        runner.reset()
+        runner.forward(prefix, torch.arange(context)[None], last_n_logits=1)
     positions = context + torch.tensor([[0, *tree_depths(TREE_PARENTS)]])
     tree = runner.forward(torch.cat([root, nodes], dim=1), positions,
                           among_new=tree_attention_mask(TREE_PARENTS)[None]).logits

@@ -30,8 +30,8 @@ class NativeRunner:
     left plain greedy at its 77th token, and fp32 projections of 2..64 rows differed
     from one row. One shape per step makes a plain step, a 5-token verification and
     a 40-node tree the same kernels, so a position's logits cannot depend on how many
-    tokens shared its forward (the batch-invariance rule of DESIGN.md, "by
-    construction"). On a GPU a 64-token forward of a 1.5B model costs what a 1-token
+    tokens shared its forward (docs/architecture.md, "Batch invariance", held by
+    construction). On a GPU a 64-token forward of a 1.5B model costs what a 1-token
     one does (it reads the same weights); on CPUs rows cost time, and the kernels
     are invariant by themselves (linear.batch_invariant), so CPUs never pad.
 
@@ -193,7 +193,7 @@ class NativeRunner:
     @property
     def exact_prefix_reuse(self) -> bool:
         """Whether keeping cached tokens and feeding only the rest gives what one fresh forward
-        would (chunking invariance, DESIGN.md): not on the safe path, whose probe failed."""
+        would (chunking invariance, docs/exactness.md): not on the safe path, whose probe failed."""
         return not self.one_token_per_call
 
     def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None:

@@ -1,0 +1,32 @@
+"""EAGLE and Medusa heads on the embedded real target (marked `integration`): heads trained here in
+seconds, greedy speculative == plain for chains and trees (prompts: real_models.py). EAGLE-3 and
+vLLM: test_real_eagle3.py (another test process can run it meanwhile)."""
+
+import pytest
+
+from real_models import CODE_PROMPT, PROSE_PROMPT, SHORT_PROMPTS, WITH_LONG_PROMPT, assert_every_prompt_equal, \
+    quick_heads_fixture
+
+pytestmark = pytest.mark.integration  # one test process runs this file (conftest.py)
+
+
+@pytest.fixture(scope="module")
+def quick_heads(qwen_pair, plain_references, tmp_path_factory):
+    """Quick heads that also saw the target's answers to two of the prompts, so that a minute of
+    training is enough for some drafts to be accepted."""
+    return quick_heads_fixture(qwen_pair, plain_references, tmp_path_factory,
+                               self_distilled_prompts=[CODE_PROMPT, PROSE_PROMPT])
+
+
+# The tree at the long prompt: the head's own cache and the tree's cache compaction past the first growth.
+@pytest.mark.parametrize("method,prompts", [("eagle", SHORT_PROMPTS), ("eagle-tree", WITH_LONG_PROMPT),
+                                            ("medusa", SHORT_PROMPTS)], ids=["eagle", "eagle-tree", "medusa"])
+def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references, quick_heads, method, prompts):
+    from specdec.models.heads import load_head_for
+    from specdec.proposers.registry import build_proposer, head_kind
+
+    target, _ = qwen_pair
+    kind = head_kind(method)
+    head, vocabulary = load_head_for(target, kind, quick_heads(kind))
+    proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)  # chains ignore it
+    assert_every_prompt_equal(target, proposer, plain_references, prompts, k=4)
