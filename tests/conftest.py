@@ -132,6 +132,10 @@ def plain_references(qwen_pair) -> dict[str, list[int]]:
     return plain_answers(qwen_pair[0])
 
 
+# glibc's, to hand freed heap pages back to the OS (None elsewhere).
+MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None) if sys.platform == "linux" else None
+
+
 @pytest.fixture(autouse=True)
 def _return_freed_memory_after_real_models(request):
     """After each integration test, hand the memory its models freed back to the OS: glibc keeps
@@ -141,9 +145,6 @@ def _return_freed_memory_after_real_models(request):
         gc.collect()
         if MALLOC_TRIM is not None:
             MALLOC_TRIM(0)
-
-
-MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None) if sys.platform == "linux" else None
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -46,12 +46,12 @@ def load_pair():
     return target, draft
 
 
-def plain_answers(target) -> dict[str, list[int]]:
-    """The target's plain greedy answer to every prompt above."""
+def plain_answers(target, prompts=WITH_LONG_PROMPT) -> dict[str, list[int]]:
+    """The target's plain greedy answer to each prompt (by default every prompt above)."""
     plain = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=target.eos_token_ids)
     params = SamplingParams(temperature=0)
     return {prompt: plain.generate(prompt, params, max_new_tokens=NEW_TOKENS, chat=True).token_ids
-            for prompt in WITH_LONG_PROMPT}
+            for prompt in prompts}
 
 
 def assert_every_prompt_equal(target, proposer, plain_references, prompts, k) -> None:

@@ -7,10 +7,8 @@ import os
 import pytest
 import torch
 
-from real_models import CODE_PROMPT, SHORT_ANSWER_PROMPT, load_pair, quick_heads_fixture
-from specdec.engine import SpecEngine
+from real_models import CODE_PROMPT, SHORT_ANSWER_PROMPT, load_pair, plain_answers, quick_heads_fixture
 from specdec.models.loader import load_model
-from specdec.sampling import SamplingParams
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -32,9 +30,7 @@ def quick_heads(every_core, tmp_path_factory):
     (and longer than the other quick heads), so the test checks serving, not how far a quick head
     generalises: 24 steps on the usual mix left vLLM 4% of its drafts accepted."""
     pair = load_pair()
-    plain = SpecEngine(pair[0].runner, None, pair[0].tokenizer, eos_token_ids=pair[0].eos_token_ids)
-    answers = {prompt: plain.generate(prompt, SamplingParams(temperature=0), max_new_tokens=64, chat=True).token_ids
-               for prompt in SERVED_PROMPTS}
+    answers = plain_answers(pair[0], SERVED_PROMPTS)
     return pair[0], quick_heads_fixture(pair, answers, tmp_path_factory, self_distilled_prompts=SERVED_PROMPTS,
                                         corpus_windows=2, steps=36)
 
