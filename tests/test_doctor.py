@@ -32,6 +32,20 @@ def test_doctor_guarantees_exactness_on_a_native_model(model_dir, tmp_path, caps
     assert any(name.startswith("batched rows") for name in names)
     assert any(name.startswith("tree after context 130") for name in names)
     assert report["facts"]["threads"] >= 1 and report["kernels"]["dtype"] == "float32"
+    # The cost table: a forward of 1..33 tokens here, next to its weight-read and arithmetic floors.
+    assert "cost of a forward after" in out and "x floor" in out
+    costs = report["costs"]
+    assert [row["tokens"] for row in costs["rows"]] == [1, 2, 5, 9, 17, 33]
+    assert costs["bandwidth_bytes_s"] > 0 and costs["peak_multiply_adds_s"] > 0
+    assert all(row["ms"] > 0 and row["weight_floor_ms"] > 0 for row in costs["rows"])
+    floors = [row["arithmetic_floor_ms"] for row in costs["rows"]]
+    assert floors == sorted(floors) and floors[-1] > floors[0]  # more rows, more multiply-adds
+
+
+def test_doctor_skips_the_cost_table_when_asked(model_dir, capsys):
+    status = main(["doctor", "--target", str(model_dir), "--dtype", "float32", "--contexts", "5", "--no-costs"])
+    out = capsys.readouterr().out
+    assert status == 0 and "cost of a forward" not in out
 
 
 def test_doctor_says_a_transformers_backend_model_is_not_guaranteed(model_dir, tmp_path, capsys):
@@ -43,6 +57,13 @@ def test_doctor_says_a_transformers_backend_model_is_not_guaranteed(model_dir, t
     (other / "config.json").write_text(json.dumps(config | {"use_sliding_window": True, "sliding_window": 4}))
     assert main(["doctor", "--target", str(other), "--dtype", "float32"]) == 1
     assert "NOT guaranteed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("context", ["0", "-5", "many"])
+def test_doctor_refuses_a_bad_cost_context(context, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--cost-context", context])
+    assert exit_info.value.code == 2 and "--cost-context" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("contexts", ["0", "a,b", ""])

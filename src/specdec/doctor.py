@@ -4,7 +4,9 @@ Reports the CPU/GPU features, the oneDNN path in force and the kernels the
 model runs on, then runs the invariance probe (models/native/invariance.py) at
 the model's real shapes: projections fed 1..64 rows, every chunking of a
 9-token window at several context lengths, ragged rows decoded together, and
-a draft tree verified in one forward.
+a draft tree verified in one forward. Then, for a real model, what a forward of
+1..33 tokens costs here next to its two floors (weights / bandwidth, multiply-adds /
+peak), measured on this machine (analysis/roofline.py).
 Exit status 0 when every probe is bit-identical, 1 when not, 2 on bad input.
 """
 
@@ -25,12 +27,18 @@ EPILOG = """examples:
   specdec doctor --target ./my-model      your own Hugging Face directory (Qwen2/Llama run natively)
   specdec doctor --synthetic              one full-size layer with random weights (no model files)
   ONEDNN_MAX_CPU_ISA=AVX2 specdec doctor  the path an AVX2-only CPU takes
+  specdec doctor --no-costs               the exactness probe only (skips the ~30 s cost table)
 
 "Guaranteed" means: on this machine, at this thread count, every probe gave
 bit-identical logits, so a position decodes the same whether it is alone,
 among k+1 drafts, in a tree or beside other requests. The same probe's cheap
 part runs whenever a target loads; if it fails, specdec verifies one token per
 call (exact, no speedup) and says so on stderr.
+
+The cost table shows whether speculation can pay here: "x step" is a forward of
+n tokens against one token (verifying k drafts costs the k+1 row), "x floor" how
+far that forward is from the larger of its two floors. `-k auto` and
+`--tree-size auto` measure the same costs while they run.
 """
 
 
@@ -49,7 +57,21 @@ def add_doctor_command(sub) -> None:
     doctor.add_argument("--contexts", type=_int_list, default=None, metavar="N,N,...",
                         help="context lengths for the chunking probe (default: 64,255,513 for a model; "
                              "16..4097 around every power of two with --synthetic)")
+    doctor.add_argument("--no-costs", action="store_true",
+                        help="skip the cost table (forwards of 1..33 tokens against their floors)")
+    doctor.add_argument("--cost-context", type=_positive_int, default=512, metavar="N",
+                        help="cached tokens before the cost table's forwards (default: 512)")
     doctor.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _int_list(text: str) -> list[int]:
@@ -162,10 +184,18 @@ def cmd_doctor(args) -> int:
         print(f"\nbit-exact greedy equality: NOT guaranteed here ({len(report.failures)} of {len(report.cases)} "
               f"probes differ, {elapsed:.0f}s). specdec falls back to one token per call on this machine; "
               "please report this output.")
+    costs = None
+    if not args.synthetic and not args.no_costs:  # one random-weight layer has no costs worth showing
+        from specdec.analysis.roofline import cost_curve
+
+        context = max(1, min(args.cost_context, runner.max_context - 33))
+        costs = cost_curve(runner, context=context)
+        print("\n" + costs.table())
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"facts": facts, "model": model, "kernels": kernels, "ok": report.ok,
-                       "cases": [case.__dict__ for case in report.cases]}, handle, indent=2)
+                       "cases": [case.__dict__ for case in report.cases],
+                       "costs": costs.as_dict() if costs else None}, handle, indent=2)
     return 0 if report.ok else 1
 
 

@@ -35,6 +35,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -283,6 +284,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store16_avx512(
   _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * p.columns + n, mask, _mm512_cvtepi32_epi16(rounded));
 }
 
+// vpdpbusd in place. GCC 12 compiles _mm512_dpbusd_epi32 with the accumulator copied to another
+// register before and back after each instruction (two zmm moves per vpdpbusd, which this loop's
+// ports must run too): a loop of 12 independent vpdpbusd ran at 1.7 TSC cycles each through the
+// intrinsic and 0.59 through this asm on a Cascade Lake Xeon, where two ports issue vpdpbusd.
+// The instruction and its integer sums are the same.
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_in_place(__m512i acc, __m512i u8, __m512i s8) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+}
+
 template <int R, int B, bool kVnni>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
@@ -303,6 +314,12 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < B; ++j) acc[r][j] = _mm512_setzero_si512();
     if constexpr (kSplit) acc_hi[0][0] = _mm512_setzero_si512();
+    // Unrolled, so each accumulator keeps one register across the group's 4 chunks: rolled, GCC
+    // rotated the 16 accumulators through other registers and the stack every chunk (~20 moves and
+    // 7 spills per 32 vpdpbusd). Measured on a 2-core Cascade Lake Xeon (AVX512-VNNI), interleaved
+    // (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "AVX-512: the chunk loop unrolled"): the
+    // 1.5B target's 112 projections 0.94x the time at 17 rows, 0.87x at 33, alike at 1-9 rows.
+#pragma GCC unroll 4
     for (int64_t c = 0; c < kChunks; ++c) {
       __m512i lo[B], hi[B];
       for (int j = 0; j < B; ++j) {
@@ -317,8 +334,8 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
         for (int j = 0; j < B; ++j) {
           __m512i& high = kSplit ? acc_hi[0][0] : acc[r][j];
           if constexpr (kVnni) {
-            acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], lo[j], xa);
-            high = _mm512_dpbusd_epi32(high, hi[j], xb);
+            acc[r][j] = dpbusd_in_place(acc[r][j], lo[j], xa);
+            high = dpbusd_in_place(high, hi[j], xb);
           } else {
             acc[r][j] = _mm512_add_epi32(acc[r][j], _mm512_madd_epi16(_mm512_maddubs_epi16(lo[j], xa), ones));
             high = _mm512_add_epi32(high, _mm512_madd_epi16(_mm512_maddubs_epi16(hi[j], xb), ones));
@@ -749,15 +766,94 @@ std::vector<at::Tensor> quantize_pack(const at::Tensor& weight, int64_t padded_o
   return {packed, codes, steps};
 }
 
+
+// ---- The machine's int8 peak, for `specdec doctor`'s arithmetic floor (analysis/roofline.py) ----
+// Each thread runs a path's integer step on 12 independent accumulators (more than the instruction's
+// latency times its issue rate, so nothing waits) and counts multiply-adds per second:
+// VNNI vpdpbusd (64 per instruction), AVX-512 vpmaddubsw + vpmaddwd + vpaddd (64), AVX2 vpmaddubsw +
+// vpaddw (32): the same steps the kernels above issue, so a kernel at this rate is at its roofline.
+constexpr int kPeakChains = 12;
+constexpr int64_t kPeakIterations = 4000000;
+
+#ifdef SPECDEC_X86
+template <bool kVnni>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t peak_avx512() {
+  __m512i acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm512_set1_epi32(j);
+  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-5);
+  const __m512i ones = _mm512_set1_epi16(1);
+  for (int64_t i = 0; i < kPeakIterations; ++i) {
+    __asm__("" : "+v"(w), "+v"(x));  // unknown operands each iteration: nothing folds
+    for (int j = 0; j < kPeakChains; ++j) {
+      if constexpr (kVnni) {
+        acc[j] = dpbusd_in_place(acc[j], w, x);
+      } else {
+        acc[j] = _mm512_add_epi32(acc[j], _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), ones));
+      }
+    }
+  }
+  int64_t sum = 0;
+  for (int j = 0; j < kPeakChains; ++j) sum += _mm512_reduce_add_epi32(acc[j]);
+  return sum;
+}
+
+__attribute__((target("avx2"))) int64_t peak_avx2() {
+  __m256i acc[kPeakChains];
+  for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_set1_epi16(j);
+  __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(-5);
+  for (int64_t i = 0; i < kPeakIterations; ++i) {
+    __asm__("" : "+x"(w), "+x"(x));
+    for (int j = 0; j < kPeakChains; ++j) acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(w, x));
+  }
+  alignas(32) int16_t lanes[16];
+  int64_t sum = 0;
+  for (int j = 0; j < kPeakChains; ++j) {
+    _mm256_store_si256((__m256i*)lanes, acc[j]);
+    for (int16_t lane : lanes) sum += lane;
+  }
+  return sum;
+}
+#endif
+
+// Multiply-adds per second of all this process's threads together on path `isa` (0 for scalar).
+double int8_peak(int64_t isa) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> rates(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t per_instruction = 0, checksum = 0;
+      const auto started = std::chrono::steady_clock::now();
+      switch (isa) {
+#ifdef SPECDEC_X86
+        case kAvx512Vnni: checksum = peak_avx512<true>(); per_instruction = 64; break;
+        case kAvx512: checksum = peak_avx512<false>(); per_instruction = 64; break;
+        case kAvx2: checksum = peak_avx2(); per_instruction = 32; break;
+#endif
+        default: break;
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (per_instruction && checksum != 0x7fffffffffffffff)  // the checksum keeps the loop's result live
+        rates[t] = double(kPeakChains) * kPeakIterations * per_instruction / seconds;
+    }
+  });
+  double total = 0;
+  for (double rate : rates) total += rate;
+  return total;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec_w4a8, m) {
   m.def("linear(Tensor x, Tensor packed, Tensor codes, Tensor supers, Tensor? bias, int isa, int columns=-1, "
         "ScalarType? out_dtype=None) -> Tensor");
   m.def("quantize_pack(Tensor weight, int padded_outputs) -> Tensor[]");
+  m.def("int8_peak(int isa) -> float");
 }
 
 TORCH_LIBRARY_IMPL(specdec_w4a8, CPU, m) {
   m.impl("linear", &w4a8_linear);
   m.impl("quantize_pack", &quantize_pack);
 }
+
+// No tensor arguments, so no dispatch key: registered for every backend at once.
+TORCH_LIBRARY_IMPL(specdec_w4a8, CompositeExplicitAutograd, m) { m.impl("int8_peak", &int8_peak); }
