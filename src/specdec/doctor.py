@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from specdec.cli_options import positive_int
 from specdec.models.native.linear import QUANTIZATIONS
 
 EPILOG = """examples:
@@ -59,19 +60,9 @@ def add_doctor_command(sub) -> None:
                              "16..4097 around every power of two with --synthetic)")
     doctor.add_argument("--no-costs", action="store_true",
                         help="skip the cost table (forwards of 1..33 tokens against their floors)")
-    doctor.add_argument("--cost-context", type=_positive_int, default=512, metavar="N",
+    doctor.add_argument("--cost-context", type=positive_int, default=512, metavar="N",
                         help="cached tokens before the cost table's forwards (default: 512)")
     doctor.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _int_list(text: str) -> list[int]:

@@ -108,25 +108,36 @@ class StepCosts:
 
 
 @torch.inference_mode()
-def time_forward(runner: ModelRunner, context: int, width: int, repeats: int = 15, seed: int = 0) -> float:
-    """Median seconds of one forward of `width` new tokens after `context` cached tokens."""
+def forward_times(runner: ModelRunner, context: int, widths, repeats: int = 15, warmups: int = 2,
+                  seed: int = 0) -> dict[int, float]:
+    """Median seconds of one forward of each width's new tokens after one prefill of `context`
+    tokens, the widths interleaved pass by pass (a slow minute of a shared machine hits them all).
+    Leaves the runner's cache empty."""
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, runner.vocab_size, (1, context + width), generator=generator).to(runner.device)
-    positions = torch.arange(context + width, device=runner.device)[None]
+    longest = context + max(widths)
+    tokens = torch.randint(0, runner.vocab_size, (1, longest), generator=generator).to(runner.device)
+    positions = torch.arange(longest, device=runner.device)[None]
     runner.reset()
     runner.forward(tokens[:, :context], positions[:, :context], last_n_logits=1)
-    times = []
-    for _ in range(repeats + 2):  # two warm-up passes
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-        started = time.perf_counter()
-        runner.forward(tokens[:, context:], positions[:, context:])
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize(runner.device)
-        times.append(time.perf_counter() - started)
-        runner.truncate(torch.tensor([context]))
+    times = {width: [] for width in widths}
+    for attempt in range(warmups + repeats):
+        for width in widths:
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+            started = time.perf_counter()
+            runner.forward(tokens[:, context:context + width], positions[:, context:context + width])
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+            if attempt >= warmups:
+                times[width].append(time.perf_counter() - started)
+            runner.truncate(torch.tensor([context]))
     runner.reset()
-    return statistics.median(times[2:])
+    return {width: statistics.median(values) for width, values in times.items()}
+
+
+def time_forward(runner: ModelRunner, context: int, width: int, repeats: int = 15, seed: int = 0) -> float:
+    """Median seconds of one forward of `width` new tokens after `context` cached tokens."""
+    return forward_times(runner, context, [width], repeats, seed=seed)[width]
 
 
 def measure_step_costs(target: ModelRunner, draft: ModelRunner, context: int = 256,

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.analysis.measure import forward_times
+
 TOKENS = (1, 2, 5, 9, 17, 33)  # a step, then verification of k = 1, 4, 8, 16, 32 drafts
 
 
@@ -133,31 +135,6 @@ def measure_peak(decoder) -> tuple[float, str]:
     return size**3 / statistics.median(times), f"{str(decoder.dtype).removeprefix('torch.')} matmul"
 
 
-@torch.inference_mode()
-def forward_times(runner, context: int, tokens, repeats: int) -> dict[int, float]:
-    """Median seconds of a forward of each n in `tokens` new tokens after one prefill of `context`,
-    the widths interleaved pass by pass (a slow minute of a shared machine hits them all)."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, runner.vocab_size, (1, context + max(tokens)), generator=generator).to(runner.device)
-    positions = torch.arange(context + max(tokens), device=runner.device)[None]
-    runner.reset()
-    runner.forward(ids[:, :context], positions[:, :context], last_n_logits=1)
-    times = {n: [] for n in tokens}
-    for attempt in range(repeats + 1):  # the first pass warms up
-        for n in tokens:
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            started = time.perf_counter()
-            runner.forward(ids[:, context:context + n], positions[:, context:context + n])
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            if attempt:
-                times[n].append(time.perf_counter() - started)
-            runner.truncate(torch.tensor([context]))
-    runner.reset()
-    return {n: statistics.median(values) for n, values in times.items()}
-
-
 def cost_curve(runner, context: int = 512, tokens=TOKENS, repeats: int = 5) -> CostCurve:
     """Measure the forward costs of `runner` at `tokens` new tokens after `context` cached ones, and
     this machine's floors for them. Leaves the runner's cache empty."""
@@ -166,7 +143,7 @@ def cost_curve(runner, context: int = 512, tokens=TOKENS, repeats: int = 5) -> C
     bandwidth = measure_bandwidth()
     peak, peak_kind = measure_peak(decoder)
     read = weight_bytes(decoder)
-    seconds = forward_times(runner, context, tokens, repeats)
+    seconds = forward_times(runner, context, tokens, repeats, warmups=1)
     rows = [CostRow(tokens=n, seconds=seconds[n], weight_floor_s=read / bandwidth,
                     arithmetic_floor_s=multiply_adds(decoder, n, context) / peak) for n in tokens]
     return CostCurve(context=context, weight_bytes=read, bandwidth=bandwidth, peak=peak, peak_kind=peak_kind,

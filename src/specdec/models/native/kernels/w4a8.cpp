@@ -766,7 +766,6 @@ std::vector<at::Tensor> quantize_pack(const at::Tensor& weight, int64_t padded_o
   return {packed, codes, steps};
 }
 
-
 // ---- The machine's int8 peak, for `specdec doctor`'s arithmetic floor (analysis/roofline.py) ----
 // Each thread runs a path's integer step on 12 independent accumulators (more than the instruction's
 // latency times its issue rate, so nothing waits) and counts multiply-adds per second:
