@@ -16,6 +16,10 @@ near-uniform logits make greedy equality the strictest test of bit-exactness
 3. Costs: the target's forward over n new tokens (chain and tree) after a
    512-token context, over the 1-token step; the draft's 1-token step. From
    these the predicted speedup of each method follows (analysis/theory.py).
+4. CUDA graphs (models/native/captured.py): the same forwards eager and replayed
+   give the same bits (bf16 and fp32), and the step's cost eager vs replayed at
+   1..64 tokens for the target and draft shapes, against the weight-read floor.
+   Sections 2 and 3 run on the default runner, which replays recorded steps.
 
 Writes DIR/cuda_check.json and prints a table last.
 """
@@ -46,6 +50,8 @@ QWEN_0_5B = DecoderConfig(
     num_kv_heads=2, head_dim=64, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=32768,
     tie_word_embeddings=True, qkv_bias=True)
 ROWS = (1, 2, 5, 9, 16, 32, 64, 65)
+RANDOM_MODEL_SECTIONS = ("captured_costs", "kernels", "compiled", "sampling", "e2e", "batched", "e2e_unpadded", "costs",
+                         "e2e_fp32", "batched_fp32")
 PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
           "def factorial(n):\n    if n < 2:\n        return 1\n    return n * factorial(n - 1)\n\n") * 3
 
@@ -126,6 +132,119 @@ def forward_costs(runner: NativeRunner, context: int, rows=ROWS, reps: int = 20)
         costs["tree"][n] = round(cuda_ms(tree, reps), 3)
     runner.reset()
     return costs
+
+
+@torch.inference_mode()
+def replayed_equals_eager(config: DecoderConfig, dtype: torch.dtype, device: torch.device) -> dict:
+    """The same forwards on one decoder, eager and as replayed CUDA graphs (captured.py): a
+    prefill in 64-token pieces across the key buckets, chain steps of 1, 5 and 17 tokens with
+    rollbacks, a 9-node tree, then more prefill. Every logit must be the same bits."""
+    decoder = random_decoder(config, dtype=dtype, device=device)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 150_000, (1, 1400), generator=generator)
+    tree = random_tree(9, generator)
+    results = {}
+    for name, graphs in (("eager", False), ("replayed", device.type == "cuda")):
+        runner = NativeRunner(decoder, initial_cache_len=2048, cuda_graphs=graphs)
+        outputs = [runner.forward(ids[:, :700], torch.arange(700)[None], last_n_logits=1).logits]
+        for n in (1, 5, 17, 1, 5, 17):
+            start = runner.seq_len
+            outputs.append(runner.forward(ids[:, start:start + n], torch.arange(start, start + n)[None]).logits)
+            runner.truncate([start + n - 1])
+        start = runner.seq_len
+        outputs.append(runner.forward(ids[:, start:start + 9], (start + tree.sum(-1) - 1), among_new=tree).logits)
+        runner.truncate([start + 1])
+        start = runner.seq_len
+        outputs.append(runner.forward(ids[:, start:1400], torch.arange(start, 1400)[None]).logits)
+        results[name] = ([logits.cpu() for logits in outputs],
+                         runner.fixed_steps.recorded if runner.fixed_steps else 0)
+    eager, replayed = results["eager"][0], results["replayed"][0]
+    return {"dtype": str(dtype), "forwards": len(eager), "recorded_graphs": results["replayed"][1],
+            "identical": [torch.equal(a, b) for a, b in zip(eager, replayed)],
+            "max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(eager, replayed))}
+
+
+def bandwidth(device: torch.device, megabytes: int = 2048) -> float:
+    """Bytes/s of reading a buffer far larger than the L2 cache (a sum), median of 10."""
+    buffer = torch.ones(megabytes * 2**20 // 4, device=device)
+    return buffer.numel() * 4 / (cuda_ms(buffer.sum, 10) / 1e3)
+
+
+def captured_costs(target: NativeRunner, draft: NativeRunner, reps: int) -> dict:
+    """Step ms at 1/5/9/17/64 tokens after 512, eager and replayed, target and draft shapes, and
+    how close the replayed 1-token step comes to its weight-read floor (bytes / bandwidth)."""
+    from specdec.analysis.roofline import weight_bytes
+
+    read = bandwidth(target.device)
+    table = {"bandwidth_GB_s": round(read / 1e9, 1)}
+    for name, runner, rows in (("target", target, (1, 5, 9, 17, 64)), ("draft", draft, (1, 2, 5))):
+        eager = NativeRunner(runner.decoder, initial_cache_len=2048, cuda_graphs=False)
+        entry = {"weights_GB": round(weight_bytes(runner.decoder) / 1e9, 3),
+                 "floor_ms": round(weight_bytes(runner.decoder) / read * 1e3, 3),
+                 "eager": forward_costs(eager, 512, rows=rows, reps=reps),
+                 "replayed": forward_costs(runner, 512, rows=rows, reps=reps)}
+        entry["floor_fraction_1_token"] = round(entry["floor_ms"] / entry["replayed"]["chain"][1], 3)
+        table[name] = entry
+    return table
+
+
+def device_time(event) -> float:
+    """An event's own GPU microseconds (the attribute's name changed across PyTorch versions)."""
+    return getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+
+
+@torch.inference_mode()
+def kernel_profile(target: NativeRunner, context: int = 512) -> dict:
+    """The GPU kernels of one 1-token step after `context` tokens, eager and replayed (torch.profiler):
+    how many, their summed time, and the ten costliest names. A replayed step whose kernels add
+    up to its wall time is bound by the kernels themselves (fusion is next), not by launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, 150_000, (1, context + 1), generator=torch.Generator().manual_seed(0))
+    result = {}
+    for name, graphs in (("eager", False), ("replayed", True)):
+        graphs = graphs and target.device.type == "cuda"
+        runner = NativeRunner(target.decoder, initial_cache_len=2048, cuda_graphs=graphs)
+        runner.forward(ids[:, :context], torch.arange(context)[None], last_n_logits=1)
+
+        def step():
+            runner.truncate([context])
+            runner.forward(ids[:, context:], torch.tensor([[context]]))
+
+        for _ in range(3):
+            step()
+        synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            synchronize()
+        kernels = [event for event in prof.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort(key=device_time, reverse=True)
+        result[name] = {"kernels": sum(event.count for event in kernels),
+                        "kernel_ms": round(sum(device_time(event) for event in kernels) / 1e3, 3),
+                        "top": [(event.key[:80], event.count, round(device_time(event) / 1e3, 3))
+                                for event in kernels[:10]]}
+    return result
+
+
+@torch.inference_mode()
+def compiled_step(target: NativeRunner, context: int = 512, reps: int = 10) -> dict:
+    """What fusing the step's ~1,900 kernels would buy: the 64-token static step (captured.py)
+    through torch.compile(mode="reduce-overhead"), timed against its replayed graph. A probe of
+    the next step, not an exact path: inductor's fused reductions round otherwise than eager."""
+    ids = torch.randint(0, 150_000, (1, context + 1), generator=torch.Generator().manual_seed(0))
+    runner = NativeRunner(target.decoder, initial_cache_len=2048)
+    runner.forward(ids[:, :context], torch.arange(context)[None], last_n_logits=1)
+    runner.forward(ids[:, context:], torch.tensor([[context]]))
+    step = next(step for key, step in runner.fixed_steps.steps.items() if step.starts[0] == context)
+    replayed_ms = cuda_ms(step.graph.replay, reps)
+    eager_logits = step.compute()[0].clone()
+    started = time.perf_counter()
+    compiled = torch.compile(step.compute, mode="reduce-overhead")
+    compiled_logits = compiled()[0].clone()
+    compile_seconds = time.perf_counter() - started
+    return {"replayed_ms": round(replayed_ms, 3), "compiled_ms": round(cuda_ms(compiled, reps), 3),
+            "compile_seconds": round(compile_seconds, 1),
+            "max_abs_diff_vs_eager": float((compiled_logits - eager_logits).abs().max())}
 
 
 def end_to_end(target: NativeRunner, draft: NativeRunner, tokenizer, new_tokens: int,
@@ -275,6 +394,9 @@ def random_models(args, report, section, tokenizer, device) -> None:
     target = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.bfloat16, device=device), initial_cache_len=2048)
     draft = NativeRunner(random_decoder(QWEN_0_5B, dtype=torch.bfloat16, device=device, seed=1),
                          initial_cache_len=2048)
+    section("captured_costs", lambda: captured_costs(target, draft, args.reps))
+    section("kernels", lambda: kernel_profile(target))
+    section("compiled", lambda: compiled_step(target))
     section("sampling", lambda: seeded_sampling(target, tokenizer))
     section("e2e", lambda: end_to_end(target, draft, tokenizer, args.new_tokens))
     section("batched", lambda: batched_equals_alone(target, tokenizer))
@@ -303,7 +425,8 @@ def main() -> int:
     parser.add_argument("--contexts", default="15,17,63,65,255,257,1023,1025,4095")
     parser.add_argument("--device", default="cuda", help="cuda; cpu for a dry run of this script")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--skip", default="", help="comma list of sections to skip: doctor, eagle3, sampling, "
+    parser.add_argument("--skip", default="", help="comma list of sections to skip: replayed, doctor, eagle3, "
+                        "captured_costs, kernels, compiled, sampling, "
                         "e2e, batched, e2e_unpadded, costs, e2e_fp32, batched_fp32")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -324,6 +447,8 @@ def main() -> int:
         print(f"== {name} ({time.perf_counter() - started:.0f}s)\n{json.dumps(report[name], indent=1)}", flush=True)
         (args.out / "cuda_check.json").write_text(json.dumps(report, indent=1))
 
+    section("replayed", lambda: [replayed_equals_eager(QWEN_0_5B, dtype, device)
+                                 for dtype in (torch.bfloat16, torch.float32)])
     section("doctor", lambda: [doctor(dtype, args.out, args.contexts, args.device) for dtype in ("bfloat16", "float32")])
     tokenizer = None
     if args.tokenizer is not None:
@@ -331,8 +456,28 @@ def main() -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
     section("eagle3", lambda: eagle3_on_device(device))
-    if not {"sampling", "e2e", "batched", "e2e_unpadded", "costs", "e2e_fp32", "batched_fp32"} <= skip:
+    if not set(RANDOM_MODEL_SECTIONS) <= skip:
         random_models(args, report, section, tokenizer, device)
+    for entry in report.get("replayed", []) if isinstance(report.get("replayed"), list) else []:
+        print(f"replayed == eager {entry['dtype']}: {sum(entry['identical'])}/{entry['forwards']} forwards identical, "
+              f"{entry['recorded_graphs']} graphs recorded, max |diff| {entry['max_abs_diff']}")
+    captured = report.get("captured_costs", {})
+    for name in ("target", "draft"):
+        if name in captured:
+            entry = captured[name]
+            print(f"\n{name}: {entry['weights_GB']} GB of weights, floor {entry['floor_ms']} ms at "
+                  f"{captured['bandwidth_GB_s']} GB/s; replayed 1-token step at "
+                  f"{entry['floor_fraction_1_token']:.0%} of it")
+            print("rows  eager chain ms  replayed chain ms (x step)  eager tree ms  replayed tree ms")
+            one = entry["replayed"]["chain"][1]
+            for n in entry["replayed"]["chain"]:
+                print(f"{n:>4}  {entry['eager']['chain'][n]:13.3f}  {entry['replayed']['chain'][n]:17.3f} "
+                      f"({entry['replayed']['chain'][n] / one:4.2f})  {entry['eager']['tree'][n]:13.3f}  "
+                      f"{entry['replayed']['tree'][n]:16.3f}")
+    for name, entry in report.get("kernels", {}).items():
+        if isinstance(entry, dict):
+            print(f"kernels of a 1-token step, {name}: {entry['kernels']} kernels, {entry['kernel_ms']} ms of GPU time;"
+                  f" costliest {entry['top'][:3]}")
     costs = report.get("costs", {}).get("target_1.5B_bf16_ctx512", {})
     if "chain" in costs:
         one = costs["chain"][1]

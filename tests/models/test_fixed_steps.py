@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import make_model, make_native, make_peaked_model, run_all
+from replaying import replaying, replays  # noqa: F401 - replaying is a fixture
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
 from specdec.models.native.runner import CUDA_STEP_TOKENS, NativeRunner
@@ -85,11 +86,14 @@ def test_padding_needs_no_room_past_the_context_and_overflow_is_a_clear_error(mo
         runner.forward(torch.tensor([[5]]), torch.tensor([[40]]))
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "lookahead"])
-def test_speculative_greedy_on_a_padded_runner_equals_plain_greedy(model, tokenizer, method):
+@pytest.mark.parametrize("method,replayed", [("draft", False), ("ngram", False), ("lookahead", False),
+                                             ("draft", True), ("lookahead", True)])
+def test_speculative_greedy_on_a_padded_runner_equals_plain_greedy(model, tokenizer, replaying, method, replayed):
+    """Eager fixed steps, and recorded ones replayed (models/native/captured.py, as on CUDA)."""
+    record = replaying if replayed else (lambda runner: runner)
     plain = SpecEngine(make_native(model), None, tokenizer, eos_token_ids=frozenset())
-    padded = make_native(model, step_tokens=STEP)
-    proposer = {"draft": DraftModelProposer(make_native(make_model(seed=8, layers=1), step_tokens=STEP)),
+    padded = record(make_native(model, step_tokens=STEP))
+    proposer = {"draft": DraftModelProposer(record(make_native(make_model(seed=8, layers=1), step_tokens=STEP))),
                 "ngram": NgramProposer(), "lookahead": LookaheadProposer(LookaheadOptions(window=5, guesses=4))}[method]
     params = SamplingParams(temperature=0)
     for prompt in ("abc abc abc abc", "the quick brown fox jumps over the lazy dog"):
@@ -97,18 +101,23 @@ def test_speculative_greedy_on_a_padded_runner_equals_plain_greedy(model, tokeni
         out = SpecEngine(padded, proposer, tokenizer, k=4, eos_token_ids=frozenset()).generate(
             prompt, params, max_new_tokens=40)
         assert out.token_ids == expected and out.stats.drafted_tokens > 0
+    assert not replayed or replays(padded) > 10
 
 
-def test_batched_rows_on_padded_runners_equal_each_alone(tokenizer):
+@pytest.mark.parametrize("replayed", [False, True])
+def test_batched_rows_on_padded_runners_equal_each_alone(tokenizer, replaying, replayed):
     model, params = make_peaked_model(seed=3), SamplingParams(temperature=0)
     prompts = ["abc abc abc abc", "hello hello hello", "one two one two"]
-    engine = BatchEngine(make_native(model, batch_size=3, step_tokens=STEP),
-                         build_batch_proposer("ngram", slots=3), tokenizer, k=4)
+    target = make_native(model, batch_size=3, step_tokens=STEP)
+    if replayed:
+        replaying(target)
+    engine = BatchEngine(target, build_batch_proposer("ngram", slots=3), tokenizer, k=4)
     requests = {i: engine.make_request(p, params, max_new_tokens=30, ignore_eos=True) for i, p in enumerate(prompts)}
     got = run_all(engine, requests)
     plain = SpecEngine(make_native(model), None, tokenizer, eos_token_ids=frozenset())
     for i, prompt in enumerate(prompts):
         assert got[i] == (plain.generate(prompt, params, max_new_tokens=30).token_ids, "length")
+    assert not replayed or replays(target) > 0
 
 
 def test_with_batch_size_keeps_the_step(model):

@@ -152,3 +152,23 @@ class CacheRows:
 
     def _set_lengths(self, seq_lens: list[int]) -> None:
         self.parent.seq_lens[self.start:self.stop] = list(seq_lens)
+
+
+class SlotRows:
+    """Rows [start, stop) of a StaticKVCache whose new keys and values go to the slots of a device
+    tensor, slots [rows, T], instead of after host-side lengths: CacheRows.write slices at Python
+    ints, which a recorded CUDA graph would freeze (models/native/captured.py). Same values, same
+    places; lengths stay the caller's to move."""
+
+    def __init__(self, parent: StaticKVCache, start: int, stop: int, slots: torch.Tensor) -> None:
+        self.parent, self.start, self.stop, self.slots = parent, start, stop, slots
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:  # [b, H_kv, T, D] each
+        rows = torch.arange(self.stop - self.start, device=self.slots.device)[:, None]  # [b, 1] against [b, T]
+        # The [b, S, H_kv, D] view of the rows: one index_put per tensor writes every row's tokens in place.
+        self.parent.keys[layer, self.start:self.stop].transpose(1, 2)[rows, self.slots] = keys.transpose(1, 2)
+        self.parent.values[layer, self.start:self.stop].transpose(1, 2)[rows, self.slots] = values.transpose(1, 2)
+
+    def view(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # [b, H_kv, length, D] each
+        rows = slice(self.start, self.stop)
+        return self.parent.keys[layer, rows, :, :length], self.parent.values[layer, rows, :, :length]

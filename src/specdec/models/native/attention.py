@@ -144,16 +144,23 @@ class ChainChunk:
         the key blocks its last query can see: identical values (blocks past a query's
         own are skipped anyway), bounded memory, half the work of a causal prefill."""
         chunks = []
+        start = torch.tensor(starts, device=device)
         for first in range(0, steps, QUERY_CHUNK):
             last = min(first + QUERY_CHUNK, steps)
             length = round_up(max(starts) + last)
-            # Token i of row b sees the row's cached slots and the new ones up to itself.
-            start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
-            relative = torch.arange(length, device=device)[None, None, :] - start  # [B, 1, S]
-            visible = relative <= torch.arange(first, last, device=device)[None, :, None]  # [B, t, S]
-            visible = visible[:, None, :].expand(-1, groups, -1, -1).reshape(len(starts), 1, 1, -1, length)
-            chunks.append(ChainChunk(first, last, length, block_bias(visible)))
+            chunks.append(ChainChunk(first, last, length, ChainChunk.bias_of(start, first, last, length, groups)))
         return chunks
+
+    @staticmethod
+    def bias_of(start: torch.Tensor, first: int, last: int, length: int, groups: int) -> torch.Tensor:
+        """The bias of queries first..last-1 over `length` key slots, from the rows' cached lengths
+        start [B] on the device: tensor ops alone, so a CUDA graph records it (captured.py)."""
+        device = start.device
+        # Token i of row b sees the row's cached slots and the new ones up to itself.
+        relative = torch.arange(length, device=device)[None, None, :] - start[:, None, None]  # [B, 1, S]
+        visible = relative <= torch.arange(first, last, device=device)[None, :, None]  # [B, t, S]
+        visible = visible[:, None, :].expand(-1, groups, -1, -1).reshape(start.shape[0], 1, 1, -1, length)
+        return block_bias(visible)
 
 
 def chain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -201,25 +208,41 @@ class TreeKeys:
     tail_bias: torch.Tensor
 
     @staticmethod
-    def build(starts: list[int], among_new: torch.Tensor, device: torch.device) -> TreeKeys:
-        """among_new [B, T, T]: which new tokens each new token sees (itself and its ancestors)."""
+    def build(starts: list[int], among_new: torch.Tensor, device: torch.device, width: int | None = None) -> TreeKeys:
+        """among_new [B, T, T]: which new tokens each new token sees (itself and its ancestors).
+        width: the key slots per query (whole blocks; default the fewest that hold the longest)."""
         visible = among_new.to(device="cpu", dtype=torch.bool)
         counts = visible.sum(dim=-1)  # [B, T]
-        width = round_up(max(starts) + int(counts.max()))
+        needed = round_up(max(starts) + int(counts.max()))
+        if width is None:
+            width = needed
+        elif width < needed or width % KEY_BLOCK:
+            raise ValueError(f"a tree over {needed} key slots cannot attend over {width}")
         shared_blocks = min(starts) // KEY_BLOCK
         shared = shared_blocks * KEY_BLOCK
         tail_width = width - shared
-        index = torch.zeros(visible.shape[0], visible.shape[1], width, dtype=torch.int64)
-        mask = torch.zeros(visible.shape[0], 1, visible.shape[1], 1, width, dtype=torch.bool)  # [B, 1, T, 1, S']
-        for row, start in enumerate(starts):
-            for query in range(visible.shape[1]):
-                slots = torch.cat([torch.arange(start), start + visible[row, query].nonzero().flatten()])
-                index[row, query, : len(slots)] = slots
-                mask[row, 0, query, 0, : len(slots)] = True
+        # Slot j of query q in row b: j itself below the row's start, then the new slots q sees in
+        # order (a stable sort puts the seen columns first, ascending), then padding (slot 0, masked).
+        batch, steps = visible.shape[:2]
+        start = torch.tensor(starts)[:, None, None]  # [B, 1, 1]
+        column = torch.arange(width)  # [S']
+        seen_in_order = torch.argsort((~visible).to(torch.uint8), dim=-1, stable=True)  # [B, T, T]
+        offset = (column - start).clamp(0, steps - 1).expand(batch, steps, width)
+        index = torch.where(column < start, column, start + torch.gather(seen_in_order, 2, offset))
+        seen = column < start + counts[..., None]  # [B, T, S']
+        index = torch.where(seen, index, 0)
+        mask = seen[:, None, :, None, :]  # [B, 1, T, 1, S']
         tail_bias = block_bias(mask[:, :, :, :, shared:]).reshape(
             visible.shape[0], visible.shape[1], tail_width // KEY_BLOCK, KEY_BLOCK)
         return TreeKeys(index.to(device), block_bias(mask.to(device)), shared_blocks,
                         index[:, :, shared:].contiguous().to(device), tail_bias.to(device))
+
+    @staticmethod
+    def whole(index: torch.Tensor, bias: torch.Tensor) -> TreeKeys:
+        """The keys of index [B, T, S'] and bias [B, 1, T, nb, 1, KEY_BLOCK] (build's), with no
+        shared prefix: the CPU kernel gathers them all, CUDA reads index and bias as always."""
+        batch, _, steps, blocks, _, block = bias.shape
+        return TreeKeys(index, bias, 0, index, bias.reshape(batch, steps, blocks, block))
 
 
 def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tree: TreeKeys) -> torch.Tensor:

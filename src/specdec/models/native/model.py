@@ -259,8 +259,21 @@ class NativeDecoder(nn.Module):
             packing = Packing(valid.to(token_ids.device))
         steps = token_ids.shape[1]
         cache.reserve(max(cache.seq_lens) + steps)
-        groups = self.config.num_heads // self.config.num_kv_heads
-        plan = AttentionPlan.build(list(cache.seq_lens), steps, groups, among_new, self.device)
+        plan = AttentionPlan.build(list(cache.seq_lens), steps, self.query_groups, among_new, self.device)
+        logits, hidden = self.run(token_ids, positions, cache, plan, packing=packing, last_n_logits=last_n_logits)
+        cache.advance(steps)
+        return logits, hidden
+
+    @property
+    def query_groups(self) -> int:
+        """Query heads per kv head."""
+        return self.config.num_heads // self.config.num_kv_heads
+
+    def run(self, token_ids: torch.Tensor, positions: torch.Tensor, cache, plan: AttentionPlan, *,
+            packing: Packing | None = None, last_n_logits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's layers, norm and head over a built attention plan. It reads no host-side
+        state and moves no cache length (forward does both), so a CUDA graph can record it
+        whole (captured.py); cache only needs write(layer, keys, values) and view(layer, length)."""
         cos, sin = self.rotary(positions, self.dtype)
         x = nn.functional.embedding(token_ids, self.embedding)  # [B, T, H]
         if packing is not None:
@@ -270,7 +283,6 @@ class NativeDecoder(nn.Module):
             if layer in self.feature_layers:
                 captured[layer] = x
             x = block(x, cos, sin, cache, layer, plan, packing)
-        cache.advance(steps)
         hidden = self.norm(x)
         scored = hidden[:, -last_n_logits:] if last_n_logits else hidden
         logits = self.head(scored).float()

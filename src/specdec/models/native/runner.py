@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
 from specdec.models.kv_cache import StaticKVCache
 from specdec.models.native.attention import KEY_BLOCK
+from specdec.models.native.captured import FixedSteps
 from specdec.models.native.linear import DenseLinear
 from specdec.models.native.model import NativeDecoder
 from specdec.models.runner import ForwardOutput
@@ -35,6 +37,10 @@ class NativeRunner:
     one does (it reads the same weights); on CPUs rows cost time, and the kernels
     are invariant by themselves (linear.batch_invariant), so CPUs never pad.
 
+    cuda_graphs ("auto": on for a CUDA runner with fixed steps, unless SPECDEC_CUDA_GRAPHS=0):
+    each fixed-shape step is recorded once as a CUDA graph and replayed (captured.py), which
+    takes the ~1,700 kernel launches of a step off the host. False runs the same steps eagerly.
+
     head_rows [N] (optional): the decoder's head scores only these target ids
     (a reduced-vocabulary draft, as in EAGLE-3, Li et al. 2025, arXiv 2503.01840);
     the N logits are scattered back into a full-width row with -inf elsewhere,
@@ -43,7 +49,8 @@ class NativeRunner:
 
     def __init__(self, decoder: NativeDecoder, *, batch_size: int = 1,
                  head_rows: torch.Tensor | None = None, max_context: int | None = None,
-                 initial_cache_len: int = 2048, step_tokens: int | None | str = "auto") -> None:
+                 initial_cache_len: int = 2048, step_tokens: int | None | str = "auto",
+                 cuda_graphs: bool | str = "auto") -> None:
         config = decoder.config
         self.decoder = decoder
         self.device = decoder.device
@@ -71,6 +78,14 @@ class NativeRunner:
                                    max_capacity=self.max_context + (step_tokens or 0),
                                    dtype=decoder.dtype, device=self.device,
                                    initial_capacity=initial_cache_len, capacity_multiple=KEY_BLOCK)
+        if cuda_graphs == "auto":
+            cuda_graphs = (self.device.type == "cuda" and step_tokens is not None
+                           and os.environ.get("SPECDEC_CUDA_GRAPHS", "1") != "0")
+        if cuda_graphs and (self.device.type != "cuda" or step_tokens is None):
+            raise ValueError(f"CUDA graphs record fixed-shape steps on a GPU: this runner is on {self.device} "
+                             f"with step_tokens={step_tokens}")
+        self.cuda_graphs = bool(cuda_graphs)
+        self.fixed_steps = None if step_tokens is None else FixedSteps(decoder, self.cache, capture=self.cuda_graphs)
 
     @property
     def seq_len(self) -> int:
@@ -89,7 +104,8 @@ class NativeRunner:
         """A runner over the same weights with its own cache of batch_size rows (a server's slots)."""
         runner = NativeRunner(self.decoder, batch_size=batch_size, head_rows=self.head_rows,
                               max_context=min(max_context or self.max_context, self.max_context),
-                              initial_cache_len=initial_cache_len, step_tokens=self.step_tokens)
+                              initial_cache_len=initial_cache_len, step_tokens=self.step_tokens,
+                              cuda_graphs=self.cuda_graphs)
         runner.one_token_per_call = self.one_token_per_call
         return runner
 
@@ -130,7 +146,8 @@ class NativeRunner:
         if self.one_token_per_call and last_n_logits is None and token_ids.numel() > 1:
             logits, hidden = self._one_token_per_call(token_ids, positions, among_new, rows)
         elif self.step_tokens is not None and valid is None:
-            logits, hidden = self._fixed_steps(token_ids, positions, cache, among_new, last_n_logits)
+            first_row = 0 if rows is None else rows.indices(self.batch_size)[0]
+            logits, hidden = self._fixed_steps(token_ids, positions, cache, first_row, among_new, last_n_logits)
         else:
             logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new,
                                           last_n_logits=last_n_logits, valid=valid)
@@ -139,7 +156,7 @@ class NativeRunner:
             logits = full.index_copy_(-1, self.head_rows, logits)
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def _fixed_steps(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
+    def _fixed_steps(self, token_ids: torch.Tensor, positions: torch.Tensor, cache, first_row: int,
                      among_new: torch.Tensor | None, last_n_logits: int | None):
         """The forward in calls of exactly step_tokens new tokens per row (see the class docstring).
 
@@ -148,7 +165,7 @@ class NativeRunner:
         step, total = self.step_tokens, token_ids.shape[1]
         if total > step and among_new is None:
             pieces = [self._fixed_steps(token_ids[:, start:start + step], positions[:, start:start + step], cache,
-                                        None, last_n_logits) for start in range(0, total, step)]
+                                        first_row, None, last_n_logits) for start in range(0, total, step)]
             # With last_n_logits (a prefill) each piece hands back only its last rows: never a whole prompt's logits.
             logits, hidden = torch.cat([p[0] for p in pieces], dim=1), torch.cat([p[1] for p in pieces], dim=1)
             return (logits[:, -last_n_logits:] if last_n_logits else logits), hidden
@@ -165,7 +182,7 @@ class NativeRunner:
                 padded = torch.eye(width, dtype=torch.bool, device=among_new.device).repeat(rows, 1, 1)
                 padded[:, :total, :total] = among_new.to(torch.bool)
                 among_new = padded
-        logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new)
+        logits, hidden = self.fixed_steps.forward(token_ids, positions, cache, first_row, among_new)
         if pad:
             cache.truncate([length + total for length in before])  # the padding's keys and values go
         logits, hidden = logits[:, :total], hidden[:, :total]
