@@ -105,7 +105,7 @@ def cmd_export_head(args) -> int:
 
     from specdec.factory import load_models
     from specdec.models.heads import load_head_for
-    from specdec.models.speculators import export_speculators
+    from specdec.models.heads.speculators import export_speculators
 
     if args.speculative_tokens < 1:
         raise ValueError(f"--speculative-tokens must be >= 1, got {args.speculative_tokens}")

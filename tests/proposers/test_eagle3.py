@@ -11,9 +11,9 @@ from conftest import make_native, make_peaked_model
 
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
-from specdec.models.eagle3 import unrolled_mask
+from specdec.models.heads.eagle3 import unrolled_mask
 from specdec.models.heads import FrozenVocabulary, HeadConfig, load_head
-from specdec.models.speculators import export_speculators, load_speculators
+from specdec.models.heads.speculators import export_speculators, load_speculators
 from specdec.proposers.base import ProposeContext
 from specdec.proposers.heads import EagleProposer
 from specdec.sampling import SamplingParams

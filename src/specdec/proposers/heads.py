@@ -1,4 +1,4 @@
-"""Proposers over draft heads on the target's hidden states (models/heads.py): EAGLE and Medusa.
+"""Proposers over draft heads on the target's hidden states (models/heads/): EAGLE and Medusa.
 
 Both read ctx.target_hidden: the engine hands over the target's features of
 the committed tokens the proposer has not seen yet (the prompt after prefill,
@@ -39,7 +39,7 @@ def _full_width(reduced_logits: torch.Tensor, vocab: FrozenVocabulary, vocab_siz
 
 
 class EagleProposer(Proposer):
-    """EAGLE (EagleHead) and EAGLE-3 (models/eagle3.py: Eagle3Head) alike: both feed the
+    """EAGLE (EagleHead) and EAGLE-3 (models/heads/eagle3.py: Eagle3Head) alike: both feed the
     committed tokens' target features, then their own outputs. EAGLE-3's head first fuses
     the target's layers (read_target) and normalises its output before the output matrix
     (to_output); EAGLE's does neither."""

@@ -15,7 +15,7 @@
    on its own drafts for --ttt-steps steps (training-time test: step s feeds
    step s-1's output feature and greedy token, attending to the target-fed
    keys of its context and to its own chain's earlier drafts; the mask is
-   models/eagle3.py: unrolled_mask), and each step's draft distribution is
+   models/heads/eagle3.py: unrolled_mask), and each step's draft distribution is
    pulled towards the target's (KL, over the draft vocabulary). Acceptance-
    aware: step s's loss at a root is weighted by the probability that the
    drafts before it were accepted there, prod_{i<s} sum_x min(p_i, q_i) (the
@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from specdec.engine.engine import select_target_features
-from specdec.models.eagle3 import unrolled_mask
+from specdec.models.heads.eagle3 import unrolled_mask
 from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
 
 
@@ -172,7 +172,7 @@ def unroll_eagle3(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features:
     [B, P, N]) at the roots j (default: every root with a target at every step). The step-s
     draft at root j is the token s + 2 after t_j; its target is the target's distribution at
     position j + 1 + s. Step s feeds step s-1's output feature and greedy token (never the true
-    one) and attends as drafting will (models/eagle3.py: unrolled_mask): to the target-fed keys
+    one) and attends as drafting will (models/heads/eagle3.py: unrolled_mask): to the target-fed keys
     of the context up to j, and to its own chain's earlier drafts.
 
     Only step 0 runs at every position (its keys are everyone's context); deeper steps run at

@@ -31,7 +31,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.models.heads import FrozenVocabulary, HeadConfig, LoadedHead, build_head
+from specdec.models.heads.checkpoint import LoadedHead, build_head
+from specdec.models.heads.config import HeadConfig
+from specdec.models.heads.layers import FrozenVocabulary
 
 SPECULATORS_VERSION = "0.3.0"  # the speculators release whose field list this follows
 

@@ -13,13 +13,13 @@ the embedding of the token that followed, t_{j+1}:
 
 Drafting feeds h'_j back as the next step's h (no fc), with the drafted token:
 the head predicts tokens directly and never regresses the target's features,
-unlike EAGLE-1 (models/heads.py: EagleHead). These are the equations of
+unlike EAGLE-1 (eagle.py: EagleHead). These are the equations of
 vLLM's `Eagle3LlamaForCausalLM` and of speculators' `LlamaDecoderEagle3FirstLayer`,
 with the same parameter names (export.py writes them), so a head trained here
 drafts the same tokens there.
 
 The output matrix (lm_head) is the target's own rows for the draft vocabulary
-(models/heads.py: FrozenVocabulary), frozen as speculators trains it; the
+(layers.py: FrozenVocabulary), frozen as speculators trains it; the
 draft-to-target id map is FrozenVocabulary.vocab_ids (speculators' d2t holds
 vocab_ids[i] - i).
 """
@@ -29,7 +29,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec.models.heads import HeadConfig, HeadKVCache, attend, project_qkv
+from specdec.models.heads.config import HeadConfig
+from specdec.models.heads.layers import HeadKVCache, attend, project_qkv
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
