@@ -108,3 +108,18 @@ def test_cuda_graphs_are_off_on_cpus_and_refused_there(model):
     assert not make_native(model, step_tokens=STEP).cuda_graphs
     with pytest.raises(ValueError, match="CUDA graphs"):
         make_native(model, step_tokens=STEP, cuda_graphs=True)
+
+
+def test_a_swapped_head_gets_steps_of_its_own(model, replaying):
+    """The chunking probe swaps the head (invariance.hidden_only); a graph recorded with one head
+    must never replay for the other."""
+    from specdec.models.native.invariance import hidden_only
+
+    plain, replayed = make_native(model), replaying(make_native(model, step_tokens=STEP))
+    ids = torch.arange(3, 12)[None]
+    with hidden_only(replayed.decoder):
+        assert replayed.forward(ids[:, :4], torch.arange(4)[None]).logits.shape[-1] == 1
+    replayed.truncate([0])
+    expected = plain.forward(ids[:, :4], torch.arange(4)[None]).logits
+    assert torch.equal(replayed.forward(ids[:, :4], torch.arange(4)[None]).logits, expected)
+    assert replayed.fixed_steps.recorded == 2

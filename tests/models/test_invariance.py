@@ -94,7 +94,10 @@ def test_tiny_model_chunkings_and_batched_rows_are_bit_identical(dtype):
     report.extend(probe_chunkings(native, [KEY_BLOCK + 1, 7, KEY_BLOCK - 2], keep_last_context=True))
     assert native.cache.seq_lens == [KEY_BLOCK - 2]
     report.extend(probe_tree(native, KEY_BLOCK - 2, prefilled=True))
-    assert len(report.cases) == 7 * 2 * (len(CHUNKINGS) - 1) + 3 + 2 * 3  # 3 rows, 3 tree paths (leaves) twice
+    # Hidden states at the 7 contexts, logits at each call's last context (the head is a projection:
+    # probe_projections' row counts); 3 rows; 3 tree paths (leaves) twice.
+    assert len(report.cases) == (7 + 2) * (len(CHUNKINGS) - 1) + 3 + 2 * 3
+    assert sum(": logits" in case.name for case in report.cases) == 2 * (len(CHUNKINGS) - 1)
     assert report.ok, [case.name for case in report.failures]
 
 

@@ -18,7 +18,7 @@ Recording needs every shape fixed and nothing read from the host mid-step:
 - the mask: a chain's is built inside the step from the rows' starts (ChainChunk.bias_of);
   a tree's is built on the host, as eagerly, and copied in.
 
-There is one step per (cache rows, width, bucket, chain or tree, feature layers). A replay runs
+There is one step per (cache rows, width, bucket, chain or tree, feature layers, head). A replay runs
 the very kernels of the eager step on the very shapes, so its logits are the eager step's bits
 (benchmarks/cuda_check.py compares them). Where no graph is recorded (capture off, a CPU, or a
 capture that failed), the same function runs eagerly: one law either way.
@@ -121,7 +121,9 @@ class FixedSteps:
             self.steps.clear()
             self.storage = self.cache.keys
         tree = among_new is not None
-        key = (first_row, rows, width, key_length, tree, self.decoder.feature_layers)
+        # The head is in the key: a recorded graph holds its weights, and a probe may swap it
+        # (invariance.hidden_only), as capture_layers changes what the step returns.
+        key = (first_row, rows, width, key_length, tree, self.decoder.feature_layers, self.decoder.head)
         step = self.steps.pop(key, None)
         if step is None:
             step = StaticStep(self.decoder, self.cache, first_row, rows, width, key_length, tree)
