@@ -296,7 +296,8 @@ def test_no_import_circle_and_no_namespace_below_the_commands():
     import specdec
 
     root = Path(specdec.__file__).parent
-    for name in ("cli_options", "generate_cli", "demo", "serve_cli", "research_cli", "train_cli", "doctor"):
+    for name in ("cli_options", "generate_cli", "demo", "serve_cli", "research_cli", "replay_cli", "train_cli",
+                 "doctor"):
         imported = {node.module for node in ast.walk(ast.parse((root / f"{name}.py").read_text()))
                     if isinstance(node, ast.ImportFrom)}
         assert "specdec.cli" not in imported, name

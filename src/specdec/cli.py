@@ -2,7 +2,7 @@
 doctor | models.
 
 This module only assembles the subcommands; each lives in its own module with its parser
-and handler (generate_cli, demo, serve_cli, research_cli, train_cli, doctor), and they
+and handler (generate_cli, demo, serve_cli, research_cli, replay_cli, train_cli, doctor), and they
 share their model and method options through cli_options, which turns them into one
 SpecConfig. Every subcommand's --help teaches by example; bad input exits with a one-line
 error (status 2), never a traceback.
@@ -76,11 +76,11 @@ def cmd_models(args) -> int:
 
 def _handler(command: str):
     """The subcommand's handler, imported only when it runs."""
-    from specdec import demo, doctor, generate_cli, research_cli, serve_cli, train_cli
+    from specdec import demo, doctor, generate_cli, replay_cli, research_cli, serve_cli, train_cli
 
     return {"generate": generate_cli.cmd_generate, "demo": demo.cmd_demo, "serve": serve_cli.cmd_serve,
             "bench": research_cli.cmd_bench, "analyze": research_cli.cmd_analyze, "verify": research_cli.cmd_verify,
-            "replay": research_cli.cmd_replay,
+            "replay": replay_cli.cmd_replay,
             "train-head": train_cli.cmd_train_head, "export-head": train_cli.cmd_export_head,
             "doctor": doctor.cmd_doctor, "models": cmd_models}[command]
 

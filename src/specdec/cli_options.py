@@ -1,6 +1,6 @@
 """The command line's shared options: models, method, k, n-gram / suffix / lookahead, heads.
 
-Every command module (generate_cli, demo, serve_cli, research_cli, train_cli) adds its
+Every command module (generate_cli, demo, serve_cli, research_cli, replay_cli, train_cli) adds its
 options from here and turns the parsed namespace into a SpecConfig with
 `config_from_args`, once, at the edge; cli.py only assembles the subcommands. Nothing
 here imports a command module, so there is no import circle.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from collections.abc import Callable
 
 from specdec.config import (DEFAULT_DRAFT, DEFAULT_TARGET, QUANTIZATIONS, HeadOptions, NgramOptions, SpecConfig)
@@ -82,6 +83,51 @@ def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str
 
 probability = number_in("[0, 1)", lambda v: 0.0 <= v < 1.0)
 lenience = number_in("(0, 1]", lambda v: 0.0 < v <= 1.0)
+
+
+def number_list(text: str, kind: type, minimum: float, what: str) -> list:
+    """'1,2,4' -> [1, 2, 4]; every value >= minimum, else one clear error naming `what`."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < minimum for v in values):
+        raise ValueError(f"{what} must be comma-separated {kind.__name__}s >= {minimum:g}, got {text!r}")
+    return values
+
+
+def float_list(text: str) -> list[float]:
+    return number_list(text, float, 0, "temperatures")
+
+
+def int_list(text: str) -> list[int]:
+    return number_list(text, int, 1, "k values")
+
+
+def k_list(text: str) -> list[int | str]:
+    """'2,4,auto' -> [2, 4, 'auto']: fixed k values >= 1 in the order given, auto last."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    fixed = [x for x in values if x != "auto"]
+    try:
+        ks: list[int | str] = [int(x) for x in fixed]
+    except ValueError:
+        ks = [0]
+    if not values or any(k < 1 for k in ks):
+        raise ValueError(f"k values must be comma-separated integers >= 1 or auto, got {text!r}")
+    return ks + ["auto"] * ("auto" in values)
+
+
+def lenience_list(text: str) -> list[float]:
+    values = number_list(text, float, 0, "lenience values")
+    if any(not 0 < v <= 1 for v in values):
+        raise ValueError(f"lenience values must lie in (0, 1], got {text!r}")
+    return values
+
+
+def results_path(location: str) -> Path:
+    """A `specdec bench` OUT directory (or its results.jsonl) -> the results.jsonl."""
+    path = Path(location)
+    return path / "results.jsonl" if path.suffix != ".jsonl" else path
 
 
 # ---- option groups -----------------------------------------------------------------------------

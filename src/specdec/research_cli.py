@@ -1,4 +1,5 @@
-"""specdec bench | analyze | verify: the commands that measure, predict and check.
+"""specdec bench | analyze | verify (and replay's parser, replay_cli.py): the commands that measure,
+predict and check.
 
 cli.py owns the parser and the shared model options; the handlers live here.
 """
@@ -11,6 +12,8 @@ import json
 import platform
 import sys
 from pathlib import Path
+
+from specdec.cli_options import float_list, int_list, k_list, lenience_list, results_path
 
 EPILOG_BENCH = """\
 examples:
@@ -51,27 +54,6 @@ Theorem 3.8) and the same with the measured cost of the (k+1)-token
 verification pass, next to bench's measured speedup for method draft.
 """
 
-EPILOG_REPLAY = """\
-examples:
-  specdec replay bench-results                   # ngram and suffix at the run's k, every step one step
-  specdec replay benchmarks/results/agent-loop-kernels --k 4,8,16 \\
-      --costs benchmarks/results/verify_cost_w4a8_kernels.json   # speed under a CPU's measured costs
-  specdec replay bench-results --suffix-spec-factor 2 --suffix-min-prob 0.2   # tune, then bench the winner
-
-Loads no model. At temperature 0 every lossless method writes plain decoding's
-tokens, and a model-free draft is accepted exactly as far as it agrees with them,
-so the greedy answers a `specdec bench` run recorded (run the bench with --stream
-for agent loops and servers) tell what ngram and suffix decoding accept at each
-step, for any k and option, in seconds. Where the results hold a greedy run of the
-same method at the same fixed k, the replay is checked against it turn by turn.
-
-The copy ceiling is an oracle that drafts the longest continuation seen anywhere
-before (this prompt and answer; in a stream, every earlier prompt and answer):
-no method that copies text accepts more. Speedups are decode only, predicted
-from --costs (benchmarks/verify_cost.py's JSON: an n-token forward over a 1-token
-step on one machine); without it every forward costs one step, roughly a GPU.
-"""
-
 EPILOG_VERIFY = """\
 examples:
   specdec verify                                   # the embedded pair, draft k=4, T=1, 1000 draws per side
@@ -93,49 +75,11 @@ DEFAULT_VERIFY_PROMPTS = ("The three most useful Python libraries are",
                           "Once upon a time, in a small village by the sea,")
 
 
-def _number_list(text: str, kind: type, minimum: float, what: str) -> list:
-    """'1,2,4' -> [1, 2, 4]; every value >= minimum, else one clear error naming `what`."""
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v < minimum for v in values):
-        raise ValueError(f"{what} must be comma-separated {kind.__name__}s >= {minimum:g}, got {text!r}")
-    return values
-
-
-def _float_list(text: str) -> list[float]:
-    return _number_list(text, float, 0, "temperatures")
-
-
-def _int_list(text: str) -> list[int]:
-    return _number_list(text, int, 1, "k values")
-
-
-def _k_list(text: str) -> list[int | str]:
-    """'2,4,auto' -> [2, 4, 'auto']: fixed k values >= 1 in the order given, auto last."""
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    fixed = [x for x in values if x != "auto"]
-    try:
-        ks: list[int | str] = [int(x) for x in fixed]
-    except ValueError:
-        ks = [0]
-    if not values or any(k < 1 for k in ks):
-        raise ValueError(f"k values must be comma-separated integers >= 1 or auto, got {text!r}")
-    return ks + ["auto"] * ("auto" in values)
-
-
-def _lenience_list(text: str) -> list[float]:
-    values = _number_list(text, float, 0, "lenience values")
-    if any(not 0 < v <= 1 for v in values):
-        raise ValueError(f"lenience values must lie in (0, 1], got {text!r}")
-    return values
-
-
 def add_research_commands(sub) -> None:
     import argparse
 
     from specdec.cli_options import add_head_args, add_method_args, add_model_args, add_ngram_args, positive_int
+    from specdec.replay_cli import add_replay_command
 
     raw = argparse.RawDescriptionHelpFormatter
     bench = sub.add_parser("bench", help="benchmark methods x k x temperature on prompt suites; report and plots",
@@ -194,26 +138,7 @@ def add_research_commands(sub) -> None:
     analyze.add_argument("--markdown", help="also write the tables as Markdown to this path")
     analyze.add_argument("--json", help="also write everything as JSON to this path")
 
-    replay = sub.add_parser("replay", help="replay a bench run's greedy answers through ngram and suffix decoding "
-                                           "(no model): exact acceptance, predicted speedup, the copy ceiling",
-                            epilog=EPILOG_REPLAY, formatter_class=raw)
-    replay.add_argument("results", help="a `specdec bench` OUT directory (or its results.jsonl)")
-    replay.add_argument("--methods", default="ngram,suffix", help="comma-separated, of ngram and suffix "
-                                                                   "(default: both)")
-    replay.add_argument("--k", default=None,
-                        help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
-    replay.add_argument("--costs", help="benchmarks/verify_cost.py's JSON from the machine to predict for "
-                                        "(default: every forward costs one step)")
-    replay.add_argument("--ngram-max", type=positive_int, default=None, help="(default: the run's)")
-    replay.add_argument("--ngram-min", type=positive_int, default=None, help="(default: the run's)")
-    for name, field, kind, what in (("cache-requests", "cache_requests", int, "earlier answers kept"),
-                                    ("max-depth", "max_depth", int, "longest match"),
-                                    ("spec-factor", "spec_factor", float, "drafted tokens per matched token"),
-                                    ("min-prob", "min_token_prob", float, "lowest estimated probability drafted")):
-        replay.add_argument(f"--suffix-{name}", dest=f"suffix_{field}", type=kind, default=None,
-                            help=f"{what} (default: the run's)")
-    replay.add_argument("--markdown", help="also write the table to this path")
-    replay.add_argument("--json", help="also write everything as JSON to this path")
+    add_replay_command(sub)
 
     verify = sub.add_parser("verify", help="check losslessness empirically on your models (exit 1 on failure)",
                             epilog=EPILOG_VERIFY, formatter_class=raw)
@@ -242,59 +167,6 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _results_path(location: str) -> Path:
-    path = Path(location)
-    return path / "results.jsonl" if path.suffix != ".jsonl" else path
-
-
-# ---- replay ------------------------------------------------------------------------------------
-
-
-def cmd_replay(args) -> int:
-    from specdec.analysis.replay import cost_table, flat_cost, replay_json, replay_markdown, replay_rows
-    from specdec.bench.harness import read_results
-    from specdec.proposers.registry import build_proposer
-    from specdec.proposers.suffix import SuffixOptions
-
-    path = _results_path(args.results)
-    if not path.exists():
-        raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
-    header, rows = read_results(path)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for method in methods:
-        if method not in ("ngram", "suffix"):
-            raise ValueError(f"replay drafts with the model-free methods ngram and suffix only, not {method!r} "
-                             "(the others' drafts come from models)")
-    if args.k is not None:
-        ks = _int_list(args.k)  # each >= 1
-    else:
-        ks = sorted({row["k"] for row in rows if row["method"] in methods and isinstance(row["k"], int)
-                     and row["k"] > 0}) or [8]
-    suffix = dict(header.get("suffix") or {})
-    for field in ("cache_requests", "max_depth", "spec_factor", "min_token_prob"):
-        if getattr(args, f"suffix_{field}") is not None:
-            suffix[field] = getattr(args, f"suffix_{field}")
-    options = SuffixOptions(**suffix)
-    ngram = dict(ngram_max=args.ngram_max or header.get("ngram_max", 3),
-                 ngram_min=args.ngram_min or header.get("ngram_min", 1),
-                 ngram_tie_break=header.get("ngram_tie_break", "recent"))
-    proposers = {method: (lambda method=method: build_proposer(method, suffix=options, **ngram)) for method in methods}
-    cost, label = (cost_table(args.costs) if args.costs else
-                   (flat_cost, "none given: every forward one step (roughly a GPU)"))
-    report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost)
-    text = replay_markdown(report, label)
-    machine = header.get("machine", "?")
-    print(f"{len(report[0].totals) - 1} categories of greedy answers from {args.results} "
-          f"({header.get('target_model', header.get('target', '?'))}, {machine}"
-          f"{', one stream' if header.get('stream') else ''})\n")
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(json.dumps(replay_json(report, label), indent=1) + "\n")
-    return 0
-
-
 # ---- bench -------------------------------------------------------------------------------------
 
 
@@ -317,10 +189,10 @@ def cmd_bench(args) -> int:
         config = config_from_args(args, resolve=False, grid=True)  # each grid cell sets method and k
         for method in methods:
             check_before_loading(config.with_method(method))
-        leniences = _lenience_list(args.lenience)
+        leniences = lenience_list(args.lenience)
         tree_sizes = args.tree_size or [None]  # None: each method's default
-        grid = method_grid(methods, _k_list(args.k), leniences, tree_sizes)
-        temperatures = _float_list(args.temperature)
+        grid = method_grid(methods, k_list(args.k), leniences, tree_sizes)
+        temperatures = float_list(args.temperature)
         if not 0 < args.top_p <= 1:
             raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
         prompts = load_prompts([s.strip() for s in args.prompts.split(",") if s.strip()], args.per_category)
@@ -436,14 +308,14 @@ def cmd_analyze(args) -> int:
     if args.results:
         from specdec.bench.harness import read_results
 
-        path = _results_path(args.results)
+        path = results_path(args.results)
         if not path.exists():
             raise ValueError(f"--results: {path} not found")
         info, rows = read_results(path)
         report = build_report(rows, info)
-    temperatures = (_float_list(args.temperature) if args.temperature else
+    temperatures = (float_list(args.temperature) if args.temperature else
                     sorted({r["temperature"] for r in rows}) or [0.0, 0.7])
-    ks = (_int_list(args.k) if args.k else
+    ks = (int_list(args.k) if args.k else
           sorted({r["k"] for r in rows if r["method"] == "draft" and isinstance(r["k"], int)}) or [1, 2, 3, 4, 6, 8])
     target, draft = load_models(config_from_args(args, resolve=False, grid=True), need_draft=True)
     _log(f"timing decode steps at context {args.context} ...")
