@@ -41,7 +41,8 @@ heads: models
 # Two test processes (pytest-xdist), one per core of the 2-core machines CI runs on; each test
 # runs single-threaded (tests/conftest.py) and the longest files start first; the 25 slowest are
 # listed at the end. TEST_JOBS=1 for one process. Then the vLLM test alone: its server needs
-# ~11 GB, which does not fit beside two test processes in 24 GB.
+# ~11 GB, which does not fit beside two test processes in 24 GB. It serves the EAGLE-3 quick head
+# the first run trained, kept in pytest's cache (.pytest_cache; tests/real_models.py).
 # vLLM's virtualenv builds beside the project's (independent venvs; -j2 overlaps the two installs).
 TEST_JOBS ?= 2
 test:

@@ -12,8 +12,11 @@ heads' caches and trees, batched rows and chunked prefill. See docs/exactness.md
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import shutil
 import textwrap as textwrap_module
+from pathlib import Path
 
 import torch
 
@@ -33,6 +36,11 @@ PROSE_PROMPT = "Explain in a short paragraph why the sky is blue."
 LONG_PROMPT = ("Explain what the following module does, then list its public functions.\n\n"
                + inspect.getsource(textwrap_module)[:4000])
 SHORT_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT, COPY_PROMPT, PROSE_PROMPT]
+# The EAGLE-3 quick head of test_real_eagle3.py and test_real_vllm.py: trained mostly on the target's
+# own answers to the prompts vLLM serves, so the vLLM test checks serving, not how far a quick head
+# generalises (24 steps on the usual mix left vLLM 4% of its drafts accepted).
+SERVED_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT]
+EAGLE3_QUICK_HEAD = dict(corpus_windows=2, steps=36)
 WITH_LONG_PROMPT = [*SHORT_PROMPTS, LONG_PROMPT]
 NEW_TOKENS = 64
 
@@ -118,18 +126,49 @@ def quick_head(target, kind, directory, extra_windows: list[list[int]] = (), cor
     return path
 
 
-def quick_heads_fixture(qwen_pair, plain_references, tmp_path_factory, self_distilled_prompts=(), **options):
+def quick_heads_fixture(pair_and_answers, tmp_path_factory, self_distilled_prompts=(), store=None, **options):
     """kind -> a quick head's path, trained on first use and shared by the methods that draft with it.
-    self_distilled_prompts: the head also trains (twice over) on the target's own answers to these
-    (self-distillation in miniature: 2% of a quick head's drafts were accepted on unseen prompts,
-    too few to assert on). options: quick_head's corpus_windows and steps."""
-    target, _ = qwen_pair
+
+    pair_and_answers() -> ((target, draft), the target's plain answers by prompt), called only when
+    a head is trained. self_distilled_prompts: the head also trains (twice over) on the target's own
+    answers to these (self-distillation in miniature: 2% of a quick head's drafts were accepted on
+    unseen prompts, too few to assert on). options: quick_head's corpus_windows and steps.
+    store: pytest's cache (request.config.cache, None without it). A trained head is kept there
+    under a key of everything that makes it (quick_head_key), so `make test`'s second pytest run,
+    the vLLM test alone, serves the head its first run trained instead of training it again."""
     heads = {}
 
     def head(kind):
         if kind not in heads:
-            extra = answered_windows(target, plain_references, self_distilled_prompts) * 2
+            kept = None
+            if store is not None:
+                kept = store.mkdir("quick-heads") / f"{quick_head_key(kind, self_distilled_prompts, options)}.safetensors"
+            if kept is not None and kept.is_file():
+                heads[kind] = kept
+                return kept
+            (target, _), answers = pair_and_answers()
+            extra = answered_windows(target, answers, self_distilled_prompts) * 2
             heads[kind] = quick_head(target, kind, tmp_path_factory.mktemp(kind), extra_windows=extra, **options)
+            if kept is not None:
+                partial = kept.with_suffix(".partial")
+                shutil.copyfile(heads[kind], partial)
+                partial.replace(kept)  # never half a head under the real name
         return heads[kind]
 
     return head
+
+
+def quick_head_key(kind, self_distilled_prompts, options) -> str:
+    """What a quick head depends on: its settings, the prompts it distils, this CPU's kernel paths
+    (they pick the target's format, whose features it learns), and the code that trains and loads it."""
+    import specdec
+    from specdec.models.cpu_features import supported_isa_caps
+
+    package = Path(specdec.__file__).parent
+    sources = [Path(__file__), *sorted((package / "training").glob("*.py")),
+               *sorted((package / "models" / "heads").glob("*.py"))]
+    digest = hashlib.sha256(repr((kind, list(self_distilled_prompts), sorted(options.items()),
+                                  supported_isa_caps())).encode())
+    for source in sources:
+        digest.update(source.read_bytes())
+    return f"{kind}-{digest.hexdigest()[:16]}"

@@ -4,20 +4,19 @@ vLLM: test_real_vllm.py."""
 
 import pytest
 
-from real_models import CODE_PROMPT, SHORT_ANSWER_PROMPT, SHORT_PROMPTS, WITH_LONG_PROMPT, \
+from real_models import EAGLE3_QUICK_HEAD, SERVED_PROMPTS, SHORT_PROMPTS, WITH_LONG_PROMPT, \
     assert_every_prompt_equal, quick_heads_fixture
 
 pytestmark = pytest.mark.integration  # one test process runs this file (conftest.py)
 
-SERVED_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT]
-
 
 @pytest.fixture(scope="module")
-def quick_heads(qwen_pair, plain_references, tmp_path_factory):
+def quick_heads(qwen_pair, plain_references, tmp_path_factory, request):
     """One quick EAGLE-3 head for the chain and the tree, trained mostly on the target's own answers
-    to two of the prompts (as test_real_vllm.py's)."""
-    return quick_heads_fixture(qwen_pair, plain_references, tmp_path_factory, self_distilled_prompts=SERVED_PROMPTS,
-                               corpus_windows=2, steps=36)
+    to two of the prompts: test_real_vllm.py's head, which its run reads from pytest's cache."""
+    return quick_heads_fixture(lambda: (qwen_pair, plain_references), tmp_path_factory,
+                               self_distilled_prompts=SERVED_PROMPTS, store=getattr(request.config, "cache", None),
+                               **EAGLE3_QUICK_HEAD)
 
 
 @pytest.mark.parametrize("method,prompts", [("eagle3", SHORT_PROMPTS), ("eagle3-tree", WITH_LONG_PROMPT)],

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration  # one test process runs this file (conftes
 def quick_heads(qwen_pair, plain_references, tmp_path_factory):
     """Quick heads that also saw the target's answers to two of the prompts, so that a minute of
     training is enough for some drafts to be accepted."""
-    return quick_heads_fixture(qwen_pair, plain_references, tmp_path_factory,
+    return quick_heads_fixture(lambda: (qwen_pair, plain_references), tmp_path_factory,
                                self_distilled_prompts=[CODE_PROMPT, PROSE_PROMPT])
 
 

@@ -7,12 +7,11 @@ import os
 import pytest
 import torch
 
-from real_models import CODE_PROMPT, SHORT_ANSWER_PROMPT, load_pair, plain_answers, quick_heads_fixture
+from real_models import EAGLE3_QUICK_HEAD, SERVED_PROMPTS, load_pair, plain_answers, quick_heads_fixture
+from specdec.models.hub import resolve_model_path
 from specdec.models.loader import load_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
-
-SERVED_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT]
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +24,15 @@ def every_core():
 
 
 @pytest.fixture(scope="module")
-def quick_heads(every_core, tmp_path_factory):
-    """A quick EAGLE-3 head trained mostly on the target's own answers to the prompts vLLM serves
-    (and longer than the other quick heads), so the test checks serving, not how far a quick head
-    generalises: 24 steps on the usual mix left vLLM 4% of its drafts accepted."""
-    pair = load_pair()
-    answers = plain_answers(pair[0], SERVED_PROMPTS)
-    return pair[0], quick_heads_fixture(pair, answers, tmp_path_factory, self_distilled_prompts=SERVED_PROMPTS,
-                                        corpus_windows=2, steps=36)
+def quick_heads(every_core, tmp_path_factory, request):
+    """test_real_eagle3.py's quick EAGLE-3 head: read from pytest's cache where `make test`'s first
+    run left it, else trained here (the pair loaded only then)."""
+    def pair_and_answers():
+        pair = load_pair()
+        return pair, plain_answers(pair[0], SERVED_PROMPTS)
+
+    return quick_heads_fixture(pair_and_answers, tmp_path_factory, self_distilled_prompts=SERVED_PROMPTS,
+                               store=getattr(request.config, "cache", None), **EAGLE3_QUICK_HEAD)
 
 
 def test_vllm_serves_an_exported_eagle3_head(quick_heads, tmp_path_factory):
@@ -48,7 +48,7 @@ def test_vllm_serves_an_exported_eagle3_head(quick_heads, tmp_path_factory):
         vllm_server
     from specdec.cli import main
 
-    target, quick_heads = quick_heads
+    target_path = resolve_model_path("qwen2.5-coder-1.5b", progress=False)
     python = vllm_python(Path(__file__).resolve().parents[1])
     exported = tmp_path_factory.mktemp("speculators") / "head"
     assert main(["export-head", "--head", str(quick_heads("eagle3")), "--out", str(exported),
@@ -57,9 +57,9 @@ def test_vllm_serves_an_exported_eagle3_head(quick_heads, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     # 1 GiB of KV cache holds 4 x 1,024 tokens ~4 times over (the default is 4). Eager: the test
     # checks what vLLM serves, not its speed (its torch.compile warm-up took 2.5 minutes).
-    with vllm_server(target.path, python=python, log_path=log, speculative_config=config, kv_cache_gib=1,
+    with vllm_server(target_path, python=python, log_path=log, speculative_config=config, kv_cache_gib=1,
                      enforce_eager=True) as url:
-        answers = [chat_completion_ids(url, str(target.path), prompt, max_tokens=64) for prompt in SERVED_PROMPTS]
+        answers = [chat_completion_ids(url, str(target_path), prompt, max_tokens=64) for prompt in SERVED_PROMPTS]
         counters = spec_decode_counters(url)
     reference = load_model("qwen2.5-coder-1.5b", device="cpu", dtype="float32", quantize="none", progress=False)
     for prompt, (prompt_ids, output_ids) in zip(SERVED_PROMPTS, answers):
