@@ -98,7 +98,8 @@ class FixedSteps:
 
     forward() takes a padded step (every row exactly `width` new tokens) and returns fresh
     tensors: a replay's outputs live in the graph's buffers, which the next replay overwrites,
-    so they are cloned (a [rows, 64, V] fp32 copy is ~10 us on an H200)."""
+    so they are cloned ([rows, 64, V] fp32, 39 MB a row of the 1.5B target: read and written at the
+    H200's measured 4.3 TB/s, ~20 us against a 7 ms step)."""
 
     def __init__(self, decoder: NativeDecoder, cache: StaticKVCache, capture: bool) -> None:
         self.decoder, self.cache, self.capture = decoder, cache, capture
