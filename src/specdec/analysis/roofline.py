@@ -95,16 +95,28 @@ def multiply_adds(decoder, tokens: int, context: int) -> int:
     return tokens * per_row + attention
 
 
+def median_seconds(work, device: torch.device, repeats: int = 5) -> float:
+    """Median wall seconds of work() over `repeats` calls after one warm-up, the device synchronized
+    around each call (on CUDA the call only queues its kernels)."""
+    def synchronize():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    work()
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        started = time.perf_counter()
+        work()
+        synchronize()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     """Bytes/s of reading a buffer far larger than any last-level cache, with this process's threads."""
     buffer = torch.ones(megabytes * 2**20 // 4)
-    buffer.sum()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        buffer.sum()
-        times.append(time.perf_counter() - started)
-    return buffer.numel() * 4 / statistics.median(times)
+    return buffer.numel() * 4 / median_seconds(buffer.sum, buffer.device, repeats)
 
 
 def measure_peak(decoder) -> tuple[float, str]:
@@ -122,17 +134,8 @@ def measure_peak(decoder) -> tuple[float, str]:
     size = 2048
     a = torch.randn(size, size, dtype=decoder.dtype, device=decoder.device)
     b = torch.randn(size, size, dtype=decoder.dtype, device=decoder.device)
-    a @ b
-    times = []
-    for _ in range(5):
-        if a.device.type == "cuda":
-            torch.cuda.synchronize(a.device)
-        started = time.perf_counter()
-        a @ b
-        if a.device.type == "cuda":
-            torch.cuda.synchronize(a.device)
-        times.append(time.perf_counter() - started)
-    return size**3 / statistics.median(times), f"{str(decoder.dtype).removeprefix('torch.')} matmul"
+    seconds = median_seconds(lambda: a @ b, a.device)
+    return size**3 / seconds, f"{str(decoder.dtype).removeprefix('torch.')} matmul"
 
 
 def cost_curve(runner, context: int = 512, tokens=TOKENS, repeats: int = 5) -> CostCurve:

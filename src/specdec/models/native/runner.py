@@ -146,8 +146,8 @@ class NativeRunner:
         if self.one_token_per_call and last_n_logits is None and token_ids.numel() > 1:
             logits, hidden = self._one_token_per_call(token_ids, positions, among_new, rows)
         elif self.step_tokens is not None and valid is None:
-            first_row = 0 if rows is None else rows.indices(self.batch_size)[0]
-            logits, hidden = self._fixed_steps(token_ids, positions, cache, first_row, among_new, last_n_logits)
+            logits, hidden = self._fixed_steps(token_ids, positions, cache, self._first_row(rows), among_new,
+                                               last_n_logits)
         else:
             logits, hidden = self.decoder(token_ids, positions, cache, among_new=among_new,
                                           last_n_logits=last_n_logits, valid=valid)
@@ -197,7 +197,7 @@ class NativeRunner:
         if among_new is not None:
             raise ValueError("tree verification is not exact on this machine (the invariance probe failed; "
                              "see `specdec doctor`): use a chain method such as draft or ngram")
-        first = 0 if rows is None else rows.indices(self.batch_size)[0]
+        first = self._first_row(rows)
         per_row = []  # (logits [1, T, V], hidden [1, T, H]) of each row
         for row in range(token_ids.shape[0]):
             cache = self.cache.rows(first + row, first + row + 1)
@@ -241,6 +241,9 @@ class NativeRunner:
     def swap_rows(self, first: int, second: int) -> None:
         self.cache_version += 1
         self.cache.swap_rows(first, second)
+
+    def _first_row(self, rows: slice | None) -> int:
+        return 0 if rows is None else rows.indices(self.batch_size)[0]
 
     def _cache_rows(self, rows: slice | None):
         if rows is None:
