@@ -90,21 +90,25 @@ from specdec.sampling.tree import tree_attention_mask
 generator = torch.Generator().manual_seed(12)
 outs = []
 for dtype in (torch.float32, torch.bfloat16):
-    for dim, start, steps in [(128, 800, 1), (128, 300, 9), (64, 130, 17), (128, 5, 3)]:
+    # Query heads per KV head 6 (the 1.5B target) and 7 (the 0.5B draft): runs of rows that end in
+    # tiles of 4, 2 and 1 rows.
+    for dim, start, steps, heads in [(128, 800, 1, 12), (128, 300, 9, 12), (64, 130, 17, 12), (128, 5, 3, 12),
+                                     (64, 70, 3, 14)]:
         length = -(-(start + steps) // KEY_BLOCK) * KEY_BLOCK
         keys, values = (torch.randn(1, 2, length, dim, generator=generator).to(dtype) for _ in range(2))
-        query = torch.randn(1, 12, steps, dim, generator=generator).to(dtype)
+        query = torch.randn(1, heads, steps, dim, generator=generator).to(dtype)
         for among in (None, tree_attention_mask([(i - 1) // 2 - 1 for i in range(1, steps)])[None]):
-            plan = AttentionPlan.build([start], steps, 6, among, torch.device("cpu"))
+            plan = AttentionPlan.build([start], steps, heads // 2, among, torch.device("cpu"))
             outs.append(plan.attend(query, keys, values))
 torch.save(outs, sys.argv[1])
 """
 
 
 def test_the_attention_kernels_vector_paths_give_its_generic_paths_bits(tmp_path):
-    """kernels/attention.cpp runs hand-written AVX-512 (scores, 16 keys at a time) and AVX2 steps
-    (scores 4 keys at a time, block weights, weighted values) where the CPU has them, and its
-    generic loops under ONEDNN_MAX_CPU_ISA=SSE41: chains and trees, fp32 and bf16, the same bits."""
+    """kernels/attention.cpp runs tiles of rows in AVX-512 (scores of 4 rows x 4 keys, values 4 rows
+    at a time) and AVX2 (scores 4 keys at a time, values 2 rows at a time) where the CPU has them,
+    and its generic loops under ONEDNN_MAX_CPU_ISA=SSE41: chains and trees, fp32 and bf16, tiles of
+    4, 2 and 1 rows, the same bits."""
     import os
     import subprocess
     import sys
@@ -128,6 +132,6 @@ def test_the_attention_kernels_vector_paths_give_its_generic_paths_bits(tmp_path
         path = tmp_path / f"{name}.pt"
         subprocess.run([sys.executable, "-c", ATTENTION_SCRIPT, str(path)], env=env, check=True, timeout=300)
         results[name] = torch.load(path)
-    assert len(results["generic"]) == 16
+    assert len(results["generic"]) == 20
     for name in caps:
         assert all(torch.equal(fast, generic) for fast, generic in zip(results[name], results["generic"])), name

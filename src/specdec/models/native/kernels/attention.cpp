@@ -1,7 +1,8 @@
 // Blocked attention for the CPU in one call per layer: the same law as attention.py's blocked_attention
 // (keys in KEY_BLOCK-slot blocks aligned to position 0, each block's softmax terms against its own max,
 // blocks combined in block order after rescaling to the overall max, weights below e^-60 of a block's
-// max exactly 0, fully masked blocks skipped), computed query row by query row.
+// max exactly 0, fully masked blocks skipped), each query row by its own loop (attend_rows), or on
+// AVX2 and AVX-512 by tiles of rows that share each key and value load (attend_rows' step sets).
 //
 // Why: in PyTorch ops the law takes ~30 small ops per layer (batched matmuls, a cumsum for the
 // ordered sum, fp32 copies of the cache); at 800 cached tokens that was ~12 of a 52 ms decode step
@@ -16,7 +17,10 @@
 // Where the time went on AVX2 (a 2-core Zen 3 EPYC, benchmarks/attention_ab.py): GCC left the block
 // weights' exp scalar, with a branch per key, the weighted values' accumulators in memory and dot4's
 // tree in scalar adds, and every tile copied the fp32 cache's blocks before reading them. Those steps
-// are now written in AVX2 (the same operations per lane) and an fp32 cache is read in place.
+// are now written in AVX2 and AVX-512 (the same operations per lane) and an fp32 cache is read in
+// place. Then, with k + 1 tokens x the grouped heads as rows (54 rows a KV head for 9 tokens of the
+// 1.5B target), each row loading every key and value on its own made the loads from L2 the bound:
+// tiles of rows share them (benchmarks/RESULTS.md, "Attention: tiles of query rows").
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -40,12 +44,6 @@ namespace {
 
 constexpr int kLanes = 16;
 constexpr float kNegligibleExponent = -60.f;  // attention.py's NEGLIGIBLE_EXPONENT
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SPECDEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SPECDEC_CLONES
-#endif
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
@@ -85,40 +83,170 @@ inline void dot4(const float* q, const float* k, float* out) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// dot() of one query with 16 consecutive keys (stride kDim) in AVX-512, each with exactly dot()'s
-// operations: the same 16-lane products and sums (mul then add, no FMA), then dot()'s tree, level
-// by level, computed for all 16 keys at once by shuffling keys' halves side by side (lane l meets
-// lane l + 8, then l + 4, l + 2, l + 1, as in dot()). Why: GCC's code for dot4 spent as much on
-// the per-key tree as on the products, mostly in scalar adds; here the tree costs 15 vector adds
-// per 16 keys. The same bits on every CPU (tests compare this path with the generic one).
-template <int kDim>
-__attribute__((target("avx512f"))) void dots16_avx512(const float* q, const float* k, float* out) {
-  static_assert(kDim % kLanes == 0 && kLanes == 16, "dots16 needs whole 16-lane chunks");
-  __m512 acc[16];
-  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-  for (int d = 0; d < kDim; d += kLanes) {
-    const __m512 qv = _mm512_loadu_ps(q + d);
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(qv, _mm512_loadu_ps(k + j * kDim + d)));
-  }
-  // Lanes l and l + 8 of keys 2i and 2i + 1: [key 2i's 8 sums, key 2i + 1's 8 sums].
+// dot()'s tree (lane l meets lane l + 8, then l + 4, l + 2, l + 1) for 16 dot products at once:
+// acc[i] holds dot i's 16 lane sums, lane i of the result its total. The tree runs on all 16 side by side by
+// shuffling their halves together, so it costs 15 vector adds per 16 dots where a dot alone costs 4
+// horizontal steps. The same adds of the same pairs as dot() (IEEE addition commutes), so the same bits.
+__attribute__((target("avx512f"), always_inline)) inline __m512 tree16_avx512(const __m512* acc) {
+  // Lanes l and l + 8 of dots 2i and 2i + 1: [dot 2i's 8 sums, dot 2i + 1's 8 sums].
   __m512 s8[8];
   for (int i = 0; i < 8; ++i)
     s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
                           _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xEE));
-  // l and l + 4: 128-bit lane c of s4[m] holds key 4m + c's four sums.
+  // l and l + 4: 128-bit lane c of s4[m] holds dot 4m + c's four sums.
   __m512 s4[4];
   for (int m = 0; m < 4; ++m)
     s4[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], 0x88),
                           _mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], 0xDD));
-  // l and l + 2: per 128-bit lane c, [key 8p + c: two sums, key 8p + 4 + c: two sums].
+  // l and l + 2: per 128-bit lane c, [dot 8p + c: two sums, dot 8p + 4 + c: two sums].
   __m512 s2[2];
   for (int p = 0; p < 2; ++p)
     s2[p] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * p], s4[2 * p + 1], 0x44),
                           _mm512_shuffle_ps(s4[2 * p], s4[2 * p + 1], 0xEE));
-  // l and l + 1: per 128-bit lane c, keys c, 4 + c, 8 + c, 12 + c; back to key order.
+  // l and l + 1: per 128-bit lane c, dots c, 4 + c, 8 + c, 12 + c; back to dot order.
   const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, sums));
+  return _mm512_permutexvar_ps(order, sums);
+}
+
+// dot() of R queries with J = 16 / R consecutive keys (stride kDim) in AVX-512, query r's J dots
+// stored at out[r][0..J), each
+// with exactly dot()'s operations (the same 16-lane products and sums, mul then add, no FMA, then
+// tree16's tree). Each key register loaded feeds R queries and each query register J keys, so a
+// tile of 4 queries x 4 keys loads a quarter of the key bytes that 4 single queries (R = 1, 16 keys)
+// load: with many query rows (k + 1 tokens x the grouped heads), those loads from L2 were the bound.
+template <int kDim, int R>
+__attribute__((target("avx512f"))) void dots_tile_avx512(const float* const* q, const float* k, float* const* out) {
+  static_assert(kDim % kLanes == 0 && kLanes == 16 && (R == 1 || R == 2 || R == 4), "dots_tile: 16-lane chunks");
+  constexpr int J = 16 / R;
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int d = 0; d < kDim; d += kLanes) {
+    __m512 qv[R];
+    for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q[r] + d);
+    for (int j = 0; j < J; ++j) {
+      const __m512 kv = _mm512_loadu_ps(k + j * kDim + d);
+      for (int r = 0; r < R; ++r) acc[r * J + j] = _mm512_add_ps(acc[r * J + j], _mm512_mul_ps(qv[r], kv));
+    }
+  }
+  const __m512 dots = tree16_avx512(acc);
+  if constexpr (R == 1) {
+    _mm512_storeu_ps(out[0], dots);
+  } else if constexpr (R == 2) {
+    _mm256_storeu_ps(out[0], _mm512_castps512_ps256(dots));
+    _mm256_storeu_ps(out[1], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dots), 1)));
+  } else {
+    _mm_storeu_ps(out[0], _mm512_castps512_ps128(dots));
+    _mm_storeu_ps(out[1], _mm512_extractf32x4_ps(dots, 1));
+    _mm_storeu_ps(out[2], _mm512_extractf32x4_ps(dots, 2));
+    _mm_storeu_ps(out[3], _mm512_extractf32x4_ps(dots, 3));
+  }
+}
+
+// exp_nonpositive() of 16 lanes, each lane with exactly its operations in its order (mul, add, sub;
+// no FMA): the same bits. And a block's weights w[t] = x >= -60 ? e^x : 0, x = score - max.
+__attribute__((target("avx512f"), always_inline)) inline __m512 exp_nonpositive16(__m512 x) {
+  const __m512 shifter = _mm512_set1_ps(12582912.f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shifter), shifter);
+  const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// Block steps 16 keys at a time (block % 16 == 0), each lane as the scalar loops do it:
+// the scores of one row's block, scaled, masked keys -inf (bias != 0; none when bias is null), and their max;
+// the block's weights; bf16 or fp32 rows widened to fp32 scratch.
+__attribute__((target("avx512f"))) inline float scale_mask_max_avx512(float* scores, int64_t block, float scale,
+                                                                     const float* bias) {
+  const __m512 vscale = _mm512_set1_ps(scale), minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 top = minus_inf;
+  for (int64_t t = 0; t < block; t += 16) {
+    __m512 s = _mm512_mul_ps(_mm512_loadu_ps(scores + t), vscale);
+    if (bias) s = _mm512_mask_mov_ps(minus_inf, _mm512_cmp_ps_mask(_mm512_loadu_ps(bias + t), _mm512_setzero_ps(), _CMP_EQ_OQ), s);
+    _mm512_storeu_ps(scores + t, s);
+    top = _mm512_mask_mov_ps(top, _mm512_cmp_ps_mask(s, top, _CMP_GT_OQ), s);  // s > m ? s : m, as the scalar loop
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, top);
+  float m = lanes[0];
+  for (int l = 1; l < 16; ++l) m = lanes[l] > m ? lanes[l] : m;
+  return m;
+}
+
+__attribute__((target("avx512f"))) inline void block_weights_avx512(const float* scores, float max, int64_t block,
+                                                                   float* w) {
+  const __m512 vmax = _mm512_set1_ps(max), floor = _mm512_set1_ps(kNegligibleExponent);
+  for (int64_t t = 0; t < block; t += 16) {
+    const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(scores + t), vmax);
+    const __mmask16 kept = _mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ);  // false for -inf and NaN, as x >= -60
+    _mm512_storeu_ps(w + t, _mm512_maskz_mov_ps(kept, exp_nonpositive16(_mm512_maskz_mov_ps(kept, x))));
+  }
+}
+
+__attribute__((target("avx512f"))) inline void widen_avx512(const float* rows, int64_t count, int64_t stride,
+                                                           int64_t dim, float* out) {
+  for (int64_t t = 0; t < count; ++t) std::memcpy(out + t * dim, rows + t * stride, dim * sizeof(float));
+}
+__attribute__((target("avx512f"))) inline void widen_avx512(const c10::BFloat16* rows, int64_t count, int64_t stride,
+                                                           int64_t dim, float* out) {
+  for (int64_t t = 0; t < count; ++t) {  // bf16 -> fp32 is exact: the bits moved up 16 places
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(rows + t * stride);
+    for (int64_t d = 0; d < dim; d += 16) {
+      const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d)));
+      _mm512_storeu_ps(out + t * dim + d, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+  }
+}
+
+// out[r] += rescale[r] * sum_t w[r][t] v[t] for R rows and kDim outputs, 64 outputs at a time in
+// 4 registers per row: each output's terms in key order (mul then add), as the scalar loop sums
+// them, and each value register loaded once for all R rows. Rows whose rescale is 0 are not touched.
+// The first 64 outputs' pass also sums each row's weights in key order (sums[r], every lane the
+// scalar loop's chain), where the weight is already in a register.
+template <int kDim, int R>
+__attribute__((target("avx512f"))) void weighted_values_tile_avx512(const float* const* w, const float* values,
+                                                                    int64_t block, const float* rescale,
+                                                                    float* const* outs, float* sums) {
+  static_assert(kDim % 64 == 0, "64 outputs at a time");
+  for (int d0 = 0; d0 < kDim; d0 += 64) {
+    __m512 acc[R][4], sum[R];
+    for (int r = 0; r < R; ++r) {
+      sum[r] = _mm512_setzero_ps();
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
+    }
+    for (int64_t t = 0; t < block; ++t) {
+      const float* v = values + t * kDim + d0;
+      const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16), v2 = _mm512_loadu_ps(v + 32),
+                   v3 = _mm512_loadu_ps(v + 48);
+      for (int r = 0; r < R; ++r) {
+        const __m512 wt = _mm512_set1_ps(w[r][t]);
+        if (d0 == 0) sum[r] = _mm512_add_ps(sum[r], wt);
+        acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_mul_ps(wt, v0));
+        acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_mul_ps(wt, v1));
+        acc[r][2] = _mm512_add_ps(acc[r][2], _mm512_mul_ps(wt, v2));
+        acc[r][3] = _mm512_add_ps(acc[r][3], _mm512_mul_ps(wt, v3));
+      }
+    }
+    if (d0 == 0)
+      for (int r = 0; r < R; ++r) sums[r] = _mm512_cvtss_f32(sum[r]);
+    for (int r = 0; r < R; ++r) {
+      if (rescale[r] == 0.f) continue;
+      const __m512 scale = _mm512_set1_ps(rescale[r]);
+      for (int i = 0; i < 4; ++i) {
+        float* o = outs[r] + d0 + 16 * i;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(acc[r][i], scale)));
+      }
+    }
+  }
 }
 
 // dot() of one query with 4 consecutive keys (stride kDim) in AVX2, each with exactly dot()'s
@@ -220,37 +348,83 @@ __attribute__((target("avx2"))) inline __m256 exp_nonpositive8(__m256 x) {
 
 __attribute__((target("avx2"))) void block_weights_avx2(const float* scores, float max, int64_t block, float* w) {
   const __m256 vmax = _mm256_set1_ps(max), floor = _mm256_set1_ps(kNegligibleExponent);
-  int64_t t = 0;
-  for (; t + 8 <= block; t += 8) {
+  for (int64_t t = 0; t < block; t += 8) {
     const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(scores + t), vmax);
     const __m256 kept = _mm256_cmp_ps(x, floor, _CMP_GE_OQ);  // false for -inf and NaN, as x >= -60
     const __m256 e = exp_nonpositive8(_mm256_and_ps(kept, x));  // 0 where not kept, as the scalar form
     _mm256_storeu_ps(w + t, _mm256_and_ps(kept, e));
   }
-  for (; t < block; ++t) {
-    const float x = scores[t] - max;
-    w[t] = x >= kNegligibleExponent ? exp_nonpositive(x) : 0.f;
+}
+
+// The scores of one row's block scaled, masked keys -inf (bias != 0; none when bias is null), and
+// their max (s > m ? s : m per lane, then across lanes: the scalar loop's max, NaN never taken).
+__attribute__((target("avx2"))) float scale_mask_max_avx2(float* scores, int64_t block, float scale,
+                                                          const float* bias) {
+  const __m256 vscale = _mm256_set1_ps(scale), minus_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 top = minus_inf;
+  for (int64_t t = 0; t < block; t += 8) {
+    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(scores + t), vscale);
+    if (bias) s = _mm256_blendv_ps(minus_inf, s, _mm256_cmp_ps(_mm256_loadu_ps(bias + t), _mm256_setzero_ps(), _CMP_EQ_OQ));
+    _mm256_storeu_ps(scores + t, s);
+    top = _mm256_blendv_ps(top, s, _mm256_cmp_ps(s, top, _CMP_GT_OQ));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  float m = lanes[0];
+  for (int l = 1; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+  return m;
+}
+
+__attribute__((target("avx2"))) void widen_avx2(const float* rows, int64_t count, int64_t stride, int64_t dim,
+                                               float* out) {
+  for (int64_t t = 0; t < count; ++t) std::memcpy(out + t * dim, rows + t * stride, dim * sizeof(float));
+}
+__attribute__((target("avx2"))) void widen_avx2(const c10::BFloat16* rows, int64_t count, int64_t stride,
+                                               int64_t dim, float* out) {
+  for (int64_t t = 0; t < count; ++t) {  // bf16 -> fp32 is exact: the bits moved up 16 places
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(rows + t * stride);
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+      _mm256_storeu_ps(out + t * dim + d, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    }
   }
 }
 
-// out[d] += rescale * sum_t w[t] v[t][d] for kDim outputs, 64 at a time in 8 registers, each output's
-// terms in key order (mul then add): the same bits as the scalar loop, without its accumulators in memory.
-template <int kDim>
-__attribute__((target("avx2"))) void add_weighted_values_avx2(const float* w, const float* values, int64_t block,
-                                                              float rescale, float* out) {
-  static_assert(kDim % 64 == 0, "64 outputs at a time");
-  const __m256 scale = _mm256_set1_ps(rescale);
-  for (int d0 = 0; d0 < kDim; d0 += 64) {
-    __m256 acc[8];
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < block; ++t) {
-      const __m256 wt = _mm256_set1_ps(w[t]);
-      const float* v = values + t * kDim + d0;
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(wt, _mm256_loadu_ps(v + 8 * i)));
+// weighted_values_tile_avx512's steps in AVX2: R rows x 32 outputs in 4 registers per row (16 ymm
+// registers hold 2 rows' 8 sums, their weights and sums, and a value), each value loaded once for
+// both rows; each output's terms in key order, mul then add; the first pass sums the weights too.
+template <int kDim, int R>
+__attribute__((target("avx2"))) void weighted_values_tile_avx2(const float* const* w, const float* values,
+                                                              int64_t block, const float* rescale,
+                                                              float* const* outs, float* sums) {
+  static_assert(kDim % 32 == 0 && R <= 2, "32 outputs at a time, at most 2 rows");
+  for (int d0 = 0; d0 < kDim; d0 += 32) {
+    __m256 acc[R][4], sum[R];
+    for (int r = 0; r < R; ++r) {
+      sum[r] = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
     }
-    for (int i = 0; i < 8; ++i) {
-      float* o = out + d0 + 8 * i;
-      _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_mul_ps(acc[i], scale)));
+    for (int64_t t = 0; t < block; ++t) {
+      const float* v = values + t * kDim + d0;
+      __m256 wt[R];
+      for (int r = 0; r < R; ++r) {
+        wt[r] = _mm256_set1_ps(w[r][t]);
+        if (d0 == 0) sum[r] = _mm256_add_ps(sum[r], wt[r]);
+      }
+      for (int i = 0; i < 4; ++i) {
+        const __m256 vi = _mm256_loadu_ps(v + 8 * i);
+        for (int r = 0; r < R; ++r) acc[r][i] = _mm256_add_ps(acc[r][i], _mm256_mul_ps(wt[r], vi));
+      }
+    }
+    if (d0 == 0)
+      for (int r = 0; r < R; ++r) sums[r] = _mm256_cvtss_f32(sum[r]);
+    for (int r = 0; r < R; ++r) {
+      if (rescale[r] == 0.f) continue;
+      const __m256 scale = _mm256_set1_ps(rescale[r]);
+      for (int i = 0; i < 4; ++i) {
+        float* o = outs[r] + d0 + 8 * i;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_mul_ps(acc[r][i], scale)));
+      }
     }
   }
 }
@@ -297,18 +471,149 @@ struct KeyBlocks {
   }
 };
 
-// R query rows against their keys. Rows that read the same block (a run of equal pointers: all of a
-// chain's rows, every tree node's rows in the shared blocks, one node's rows in its own) convert its
-// keys and values to fp32 once (into `keys32`, `values32`); every row's arithmetic is the same as
-// alone (batch invariance). kDim > 0 fixes the head size at compile time (64, 128: the loops unroll
-// into registers); 0 takes it at run time.
-template <typename T, int kDim>
-SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const KeyBlocks<T>& source,
-                                int64_t blocks, int64_t block, int64_t runtime_dim, float scale, float* scratch,
-                                float* const* outs) {
+// The steps of attend_rows one lane at a time: the reference that the vector steps below repeat
+// bit for bit, and the path of CPUs without AVX2 (and of head sizes other than 64 and 128).
+struct ScalarSteps {
+  static constexpr int kScoreRows = 1, kValueRows = 1;
+  // Row q[0]'s dots with the block's keys, 4 keys at a time where kDim allows (independent chains).
+  template <int kDim>
+  static void scores(const float* const* q, int, const float* keys, int64_t block, int64_t dim, float* const* rows_out) {
+    int64_t t = 0;
+    if constexpr (kDim > 0 && kDim % kLanes == 0)
+      for (; t + 4 <= block; t += 4) dot4<kDim>(q[0], keys + t * kDim, rows_out[0] + t);
+    for (; t < block; ++t) rows_out[0][t] = dot(q[0], keys + t * dim, dim);
+  }
+  // The block's scores scaled, masked keys (bias != 0; none when bias is null) -inf, and their max.
+  static float scale_mask_max(float* scores, int64_t block, float scale, const float* bias) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < block; ++t) {
+      scores[t] = bias == nullptr || bias[t] == 0.f ? scores[t] * scale : -std::numeric_limits<float>::infinity();
+      m = scores[t] > m ? scores[t] : m;
+    }
+    return m;
+  }
+  // w[t] = e^(score - max), exactly 0 below e^-60 of the block's max (masked keys, -inf, among them).
+  static void weights(const float* scores, float max, int64_t block, float* w) {
+#pragma omp simd
+    for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
+      const float x = scores[t] - max;
+      w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
+    }
+  }
+  template <typename T>
+  static void widen(const T* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t d = 0; d < dim; ++d) out[t * dim + d] = to_float(rows[t * stride + d]);
+  }
+  // outs[0] += rescale * sum_t w[t] v[t], each output's terms in key order (mul then add; zero weights
+  // add 0), and sums[0] = the weights' sum in key order. Every output has its own chain, so 64 at a
+  // time (kDim known) run 4 chains of 16 lanes side by side; each output's order is the same either way.
+  template <int kDim>
+  static void weighted_values(const float* const* weights, int, const float* values, int64_t block, int64_t dim,
+                              const float* rescale, float* const* outs, float* sums) {
+    const float* w = weights[0];
+    float* out = outs[0];
+    float sum = 0.f;
+    for (int64_t t = 0; t < block; ++t) sum = sum + w[t];
+    sums[0] = sum;
+    if (rescale[0] == 0.f) return;
+    int64_t d0 = 0;
+    if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
+      for (; d0 < dim; d0 += 4 * kLanes) {
+        float acc[4 * kLanes];
+        for (int l = 0; l < 4 * kLanes; ++l) acc[l] = 0.f;
+        for (int64_t t = 0; t < block; ++t)
+          for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * values[t * dim + d0 + l];
+        for (int l = 0; l < 4 * kLanes; ++l) out[d0 + l] = out[d0 + l] + acc[l] * rescale[0];
+      }
+    }
+    for (; d0 < dim; d0 += kLanes) {
+      const int64_t n = dim - d0 < kLanes ? dim - d0 : kLanes;
+      float acc[kLanes] = {0};
+      for (int64_t t = 0; t < block; ++t)
+        for (int64_t l = 0; l < n; ++l) acc[l] = acc[l] + w[t] * values[t * dim + d0 + l];
+      for (int64_t l = 0; l < n; ++l) out[d0 + l] = out[d0 + l] + acc[l] * rescale[0];
+    }
+  }
+};
+
+#ifdef SPECDEC_X86_VECTOR
+// The vector steps of attend_rows, per instruction set. kScoreRows and kValueRows: how many
+// rows share each key (value) load at most; a run of rows goes in tiles of that many, then halves.
+struct Avx512Steps {
+  static constexpr int kScoreRows = 4, kValueRows = 4;
+  template <int kDim>
+  __attribute__((target("avx512f"))) static void scores(const float* const* q, int R, const float* keys,
+                                                       int64_t block, int64_t, float* const* rows_out) {
+    const int J = 16 / R;
+    for (int64_t t = 0; t < block; t += J) {
+      float* out[4];
+      for (int r = 0; r < R; ++r) out[r] = rows_out[r] + t;
+      const float* k = keys + t * kDim;
+      if (R == 4) dots_tile_avx512<kDim, 4>(q, k, out);
+      else if (R == 2) dots_tile_avx512<kDim, 2>(q, k, out);
+      else dots_tile_avx512<kDim, 1>(q, k, out);
+    }
+  }
+  template <int kDim>
+  static void weighted_values(const float* const* w, int R, const float* values, int64_t block, int64_t,
+                              const float* rescale, float* const* outs, float* sums) {
+    if (R == 4) weighted_values_tile_avx512<kDim, 4>(w, values, block, rescale, outs, sums);
+    else if (R == 2) weighted_values_tile_avx512<kDim, 2>(w, values, block, rescale, outs, sums);
+    else weighted_values_tile_avx512<kDim, 1>(w, values, block, rescale, outs, sums);
+  }
+  static float scale_mask_max(float* scores, int64_t block, float scale, const float* bias) {
+    return scale_mask_max_avx512(scores, block, scale, bias);
+  }
+  static void weights(const float* scores, float max, int64_t block, float* w) { block_weights_avx512(scores, max, block, w); }
+  template <typename T>
+  static void widen(const T* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+    widen_avx512(rows, count, stride, dim, out);
+  }
+};
+
+// AVX2 has 16 registers: one row's dots of 4 keys at a time (dots4_avx2), 2 rows' weighted values.
+struct Avx2Steps {
+  static constexpr int kScoreRows = 1, kValueRows = 2;
+  template <int kDim>
+  static void scores(const float* const* q, int, const float* keys, int64_t block, int64_t, float* const* rows_out) {
+    for (int64_t t = 0; t < block; t += 4) dots4_avx2<kDim>(q[0], keys + t * kDim, rows_out[0] + t);
+  }
+  template <int kDim>
+  static void weighted_values(const float* const* w, int R, const float* values, int64_t block, int64_t,
+                              const float* rescale, float* const* outs, float* sums) {
+    if (R == 2) weighted_values_tile_avx2<kDim, 2>(w, values, block, rescale, outs, sums);
+    else weighted_values_tile_avx2<kDim, 1>(w, values, block, rescale, outs, sums);
+  }
+  static float scale_mask_max(float* scores, int64_t block, float scale, const float* bias) {
+    return scale_mask_max_avx2(scores, block, scale, bias);
+  }
+  static void weights(const float* scores, float max, int64_t block, float* w) { block_weights_avx2(scores, max, block, w); }
+  template <typename T>
+  static void widen(const T* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+    widen_avx2(rows, count, stride, dim, out);
+  }
+};
+
+#endif
+
+// The largest tile of at most `most` rows (4, 2 or 1) that fits in `left` rows.
+inline int tile_rows(int left, int most) { return left >= 4 && most >= 4 ? 4 : left >= 2 && most >= 2 ? 2 : 1; }
+
+// R query rows against their keys, by one set of steps (ScalarSteps, Avx2Steps, Avx512Steps). Rows
+// that read the same block (a run of equal pointers: all of a chain's rows, every tree node's rows in
+// the shared blocks, one node's rows in its own) convert its keys and values to fp32 once (into
+// `keys32`, `values32`), and the vector steps score and weigh them in tiles of rows (AVX-512: 4 rows
+// x 4 keys, then 2 x 8, 1 x 16; values 4 rows at a time), so each key and value is loaded once per
+// tile instead of once per row. Every row's operations are ScalarSteps' own, in its order (the tests
+// compare the step sets): only which rows share a load changes, so every row's result is the same
+// as alone (batch invariance). kDim > 0 fixes the head size at compile time (64, 128: the loops
+// unroll into registers); 0 takes it at run time. The vector steps need block % 16 == 0, kDim 64 or 128.
+template <typename Steps, typename T, int kDim>
+void attend_rows(const float* const* queries, int rows, const KeyBlocks<T>& source, int64_t blocks, int64_t block,
+                 int64_t runtime_dim, float scale, float* scratch, float* const* outs) {
   const int64_t dim = kDim > 0 ? kDim : runtime_dim;
   const float floor = std::numeric_limits<float>::lowest();
-  const float minus_inf = -std::numeric_limits<float>::infinity();
   const int64_t S = blocks * block;
   float* keys32 = scratch;                         // [blk, dim]
   float* values32 = keys32 + block * dim;          // [blk, dim]
@@ -321,51 +626,32 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
     for (int first = 0, last; first < rows; first = last) {  // a run of rows reading the same block
       const T* block_keys = source.keys(first, j, block);
       for (last = first + 1; last < rows && source.keys(last, j, block) == block_keys; ++last) {}
+      const bool shared = j < source.shared_blocks;
+      bool any = shared;
+      for (int r = first; r < last && !any; ++r)
+        for (int64_t t = 0; t < block && !any; ++t) any |= source.visible(r, j, t);
+      if (!any) {  // no row of the run sees a key here: every score -inf
+        for (int r = first; r < last; ++r) {
+          std::fill_n(scores + r * S + j * block, block, -std::numeric_limits<float>::infinity());
+          block_max[r * blocks + j] = floor;  // so its weights are 0
+        }
+        continue;
+      }
       const float* block_keys32 = in_place(block_keys, source.key_row_stride(j), dim);
       if (block_keys32 == nullptr) {
-        bool any = false;
-        for (int r = first; r < last; ++r)
-          for (int64_t t = 0; t < block; ++t) any |= source.visible(r, j, t);
-        if (any) {
-          const int64_t stride = source.key_row_stride(j);
-          for (int64_t t = 0; t < block; ++t) {
-            const T* k = block_keys + t * stride;
-            for (int64_t d = 0; d < dim; ++d) keys32[t * dim + d] = to_float(k[d]);
-          }
-        }
+        Steps::widen(block_keys, block, source.key_row_stride(j), dim, keys32);
         block_keys32 = keys32;
       }
+      for (int r0 = first; r0 < last;) {
+        const int R = tile_rows(last - r0, Steps::kScoreRows);
+        float* rows_out[4];
+        for (int r = 0; r < R; ++r) rows_out[r] = scores + (r0 + r) * S + j * block;
+        Steps::template scores<kDim>(queries + r0, R, block_keys32, block, dim, rows_out);
+        r0 += R;
+      }
       for (int r = first; r < last; ++r) {
-        float* row_scores = scores + r * S + j * block;
-        float m = minus_inf;
-        int64_t t = 0;
-        // Scores of keys t.. from `count` dot products, masked keys -inf.
-        auto keep = [&](const float* dots, int count) {
-          for (int i = 0; i < count; ++i) row_scores[t + i] = source.visible(r, j, t + i) ? dots[i] * scale : minus_inf;
-        };
-        if constexpr (kDim > 0 && kDim % kLanes == 0) {  // several keys at a time, each with dot()'s bits
-          float dots[16];
-#ifdef SPECDEC_X86_VECTOR
-          if (has_avx512()) {
-            for (; t + 16 <= block; t += 16) {
-              dots16_avx512<kDim>(queries[r], block_keys32 + t * dim, dots);
-              keep(dots, 16);
-            }
-          } else if (has_avx2()) {
-            for (; t + 4 <= block; t += 4) {
-              dots4_avx2<kDim>(queries[r], block_keys32 + t * dim, dots);
-              keep(dots, 4);
-            }
-          }
-#endif
-          for (; t + 4 <= block; t += 4) {  // independent chains
-            dot4<kDim>(queries[r], block_keys32 + t * dim, dots);
-            keep(dots, 4);
-          }
-        }
-        for (; t < block; ++t)
-          row_scores[t] = source.visible(r, j, t) ? dot(queries[r], block_keys32 + t * dim, dim) * scale : minus_inf;
-        for (t = 0; t < block; ++t) m = row_scores[t] > m ? row_scores[t] : m;
+        const float* bias = shared ? nullptr : source.biases[r] + (j - source.shared_blocks) * source.bias_block_stride;
+        const float m = Steps::scale_mask_max(scores + r * S + j * block, block, scale, bias);
         block_max[r * blocks + j] = m > floor ? m : floor;  // all masked: floor, so its weights are 0
         overall[r] = block_max[r * blocks + j] > overall[r] ? block_max[r * blocks + j] : overall[r];
       }
@@ -390,63 +676,28 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
       if (!any) continue;  // a block of weight exactly 0 for every row is skipped, as in the PyTorch form
       const float* block_values32 = in_place(block_values, source.value_row_stride(j), dim);
       if (block_values32 == nullptr) {
-        const int64_t stride = source.value_row_stride(j);
-        for (int64_t t = 0; t < block; ++t) {
-          const T* v = block_values + t * stride;
-          for (int64_t d = 0; d < dim; ++d) values32[t * dim + d] = to_float(v[d]);
-        }
+        Steps::widen(block_values, block, source.value_row_stride(j), dim, values32);
         block_values32 = values32;
       }
+      const float* row_weights[kTileRows];
       for (int r = first; r < last; ++r) {
-        if (rescale[r] == 0.f) continue;
-        // Weights below e^-60 of the block's max, masked keys (-inf) among them, are exactly 0.
-        const float* row_scores = scores + r * S + j * block;
         float* w = weights + r * block;
-        float sum = 0.f;
-        const float max = block_max[r * blocks + j];
-#ifdef SPECDEC_X86_VECTOR
-        if (has_avx2()) {
-          block_weights_avx2(row_scores, max, block, w);
-        } else
-#endif
-        {
-#pragma omp simd
-          for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
-            const float x = row_scores[t] - max;
-            w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
-          }
+        row_weights[r] = w;
+        if (rescale[r] == 0.f) {  // left out of the sums; its weighted values are not added
+          std::fill_n(w, block, 0.f);
+          continue;
         }
-        for (int64_t t = 0; t < block; ++t) sum = sum + w[t];
-        total[r] = total[r] + sum * rescale[r];
-        // out += rescale * sum_t w[t] v[t], each output's keys in order (zero weights add 0). Every
-        // output has its own chain, so 64 outputs at a time (kDim known) run 4 chains of 16 lanes
-        // side by side; the order of each output's sum is the same either way.
-        int64_t d0 = 0;
-#ifdef SPECDEC_X86_VECTOR
-        if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
-          if (has_avx2()) {
-            add_weighted_values_avx2<kDim>(w, block_values32, block, rescale[r], outs[r]);
-            d0 = dim;
-          }
-        }
-#endif
-        if constexpr (kDim > 0 && kDim % (4 * kLanes) == 0) {
-          for (; d0 < dim; d0 += 4 * kLanes) {
-            float acc[4 * kLanes];
-            for (int l = 0; l < 4 * kLanes; ++l) acc[l] = 0.f;
-            for (int64_t t = 0; t < block; ++t)
-              for (int l = 0; l < 4 * kLanes; ++l) acc[l] = acc[l] + w[t] * block_values32[t * dim + d0 + l];
-            for (int l = 0; l < 4 * kLanes; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
-          }
-        }
-        for (; d0 < dim; d0 += kLanes) {
-          const int64_t n = dim - d0 < kLanes ? dim - d0 : kLanes;
-          float acc[kLanes] = {0};
-          for (int64_t t = 0; t < block; ++t)
-            for (int64_t l = 0; l < n; ++l) acc[l] = acc[l] + w[t] * block_values32[t * dim + d0 + l];
-          for (int64_t l = 0; l < n; ++l) outs[r][d0 + l] = outs[r][d0 + l] + acc[l] * rescale[r];
-        }
+        Steps::weights(scores + r * S + j * block, block_max[r * blocks + j], block, w);
       }
+      float sums[kTileRows];  // each row's weights summed in key order, by the value tiles' first pass
+      for (int r0 = first; r0 < last;) {
+        const int R = tile_rows(last - r0, Steps::kValueRows);
+        Steps::template weighted_values<kDim>(row_weights + r0, R, block_values32, block, dim, rescale + r0,
+                                              outs + r0, sums + r0);
+        r0 += R;
+      }
+      for (int r = first; r < last; ++r)
+        if (rescale[r] != 0.f) total[r] = total[r] + sums[r] * rescale[r];
     }
   }
   for (int r = 0; r < rows; ++r)
@@ -456,7 +707,14 @@ SPECDEC_CLONES void attend_rows(const float* const* queries, int rows, const Key
 template <typename T>
 void attend_tile(const float* const* queries, int rows, const KeyBlocks<T>& source, int64_t blocks, int64_t block,
                  int64_t dim, float scale, float* scratch, float* const* outs) {
-  auto attend = dim == 128 ? attend_rows<T, 128> : dim == 64 ? attend_rows<T, 64> : attend_rows<T, 0>;
+  auto attend = dim == 128 ? attend_rows<ScalarSteps, T, 128> : dim == 64 ? attend_rows<ScalarSteps, T, 64>
+                                                                          : attend_rows<ScalarSteps, T, 0>;
+#ifdef SPECDEC_X86_VECTOR
+  if (block % 16 == 0 && (dim == 128 || dim == 64)) {
+    if (has_avx512()) attend = dim == 128 ? attend_rows<Avx512Steps, T, 128> : attend_rows<Avx512Steps, T, 64>;
+    else if (has_avx2()) attend = dim == 128 ? attend_rows<Avx2Steps, T, 128> : attend_rows<Avx2Steps, T, 64>;
+  }
+#endif
   attend(queries, rows, source, blocks, block, dim, scale, scratch, outs);
 }
 
