@@ -74,6 +74,15 @@ void block_scalar(const Problem& p, int64_t b) {
 
 #ifdef SPECDEC_X86
 
+// vpdpbusd in place, as w4a8.cpp's dpbusd_in_place: GCC 12 compiles _mm512_dpbusd_epi32 with the
+// accumulator copied to another register around each instruction (one zmm move per vpdpbusd on the
+// same two ports), which held the 9-row head at half its speed (benchmarks/RESULTS.md, "Attention:
+// tiles of query rows"). The instruction and its integer sums are the same.
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_in_place(__m512i acc, __m512i u8, __m512i s8) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+}
+
 // R rows x B blocks: one weight load feeds R rows, one activation broadcast feeds B blocks.
 template <int R, int B>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni(const Problem& p, int64_t b0,
@@ -82,6 +91,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni(c
   __m512i acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < B; ++j) acc[r][j] = _mm512_setzero_si512();
+  // Unrolled, so each accumulator keeps its register (rolled, GCC rotated them through others).
+#pragma GCC unroll 4
   for (int64_t s = 0; s < steps; ++s) {
     __m512i w[B];
     for (int j = 0; j < B; ++j) w[j] = _mm512_loadu_si512((const void*)(p.packed + ((b0 + j) * steps + s) * 64));
@@ -89,14 +100,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_vnni(c
       int32_t x4;
       std::memcpy(&x4, p.xu + (s * p.M + m0 + r) * 4, 4);
       const __m512i x = _mm512_set1_epi32(x4);
-      for (int j = 0; j < B; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], x, w[j]);
+      for (int j = 0; j < B; ++j) acc[r][j] = dpbusd_in_place(acc[r][j], x, w[j]);
     }
   }
-  alignas(64) int32_t sums[kLanes];
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < B; ++j) {
-      _mm512_store_si512((void*)sums, acc[r][j]);
-      for (int64_t l = 0; l < kLanes; ++l) store(p, m0 + r, (b0 + j) * kLanes + l, sums[l]);
+  // store()'s operations 16 lanes at a time: (float(acc - wsum) * scale) * s (+ bias), each lane rounded
+  // as the scalar steps round it. One lane at a time, the 9-row head's 1.4M outputs took ~2 ms.
+  for (int j = 0; j < B; ++j) {
+    const int64_t n = (b0 + j) * kLanes;
+    const __m512i wsum = _mm512_loadu_si512((const void*)(p.wsum + n));
+    const __m512 scale = _mm512_loadu_ps(p.scales + n);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][j], wsum));
+      __m512 y = _mm512_mul_ps(_mm512_mul_ps(sum, scale), _mm512_set1_ps(p.xscale[m0 + r]));
+      if (p.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(p.bias + n));
+      _mm512_storeu_ps(p.out + (m0 + r) * p.N + n, y);
     }
   }
 }
