@@ -15,7 +15,7 @@ near-uniform logits make greedy equality the strictest test of bit-exactness
    with tokens/s, acceptance and steps.
 3. Costs: the target's forward over n new tokens (chain and tree) after a
    512-token context, over the 1-token step; the draft's 1-token step. From
-   these the predicted speedup of each method follows (analysis/theory.py).
+   these the predicted speedup of each method follows (planning/theory.py).
 4. CUDA graphs (models/native/captured.py): the same forwards eager and replayed
    give the same bits (bf16 and fp32), and the step's cost eager vs replayed at
    1..64 tokens for the target and draft shapes, against the weight-read floor.

@@ -1,4 +1,5 @@
-"""No import circles among specdec's modules (docs/architecture.md, "Contracts and invariants").
+"""No import circles among specdec's modules, and the runtime never imports the layers above it
+(docs/architecture.md, "Contracts and invariants").
 
 Every import counts, those inside functions too: a function-level import only hides a circle
 until someone moves it. `from package import name` counts as importing the submodule where
@@ -94,6 +95,32 @@ def test_no_module_imports_itself_back_through_others():
     graph = import_graph(module_texts())
     assert len(graph) > 50 and "specdec.models.native.model" in graph["specdec.models.native.runner"]
     assert circles(graph) == []
+
+
+RUNTIME = ("planning", "sampling", "models", "proposers", "engine")
+RESEARCH = ("analysis", "bench", "training")
+ABOVE_RUNTIME = (*RESEARCH, "server", "factory", "api", "cli", "cli_options", "demo", "doctor", "generate_cli",
+                 "replay_cli", "research_cli", "serve_cli", "train_cli")
+
+
+def in_layer(module: str, layer: tuple[str, ...]) -> bool:
+    return any(module == f"specdec.{name}" or module.startswith(f"specdec.{name}.") for name in layer)
+
+
+def upward_imports(graph: dict[str, set[str]], layer: tuple[str, ...], above: tuple[str, ...]) -> dict:
+    return {module: sorted(target for target in targets if in_layer(target, above))
+            for module, targets in graph.items() if in_layer(module, layer) and any(in_layer(t, above) for t in targets)}
+
+
+def test_the_runtime_never_imports_the_layers_above_it():
+    """What decodes (down to the k it drafts) must not need what measures it or what calls it:
+    adaptive k and tree budgets read planning/, which analysis/ reads too. The server, a front
+    door, builds engines through the factory but never needs the research layers."""
+    graph = import_graph(module_texts())
+    assert "specdec.planning.theory" in graph["specdec.engine.adaptive"]
+    assert upward_imports(graph, RUNTIME, ABOVE_RUNTIME) == {}
+    assert upward_imports(graph, ("server",), RESEARCH) == {}
+    assert in_layer("specdec.analysis.replay", ABOVE_RUNTIME) and not in_layer("specdec.cli_x", ABOVE_RUNTIME)
 
 
 def test_a_circle_hidden_in_a_function_is_found():

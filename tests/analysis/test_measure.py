@@ -6,7 +6,7 @@ import torch
 from conftest import make_model, make_native
 from specdec.analysis.measure import ScoredText, StepCosts, acceptance_per_position, measure_alpha, measure_step_costs
 from specdec.analysis.predicted import prediction_rows, render
-from specdec.analysis.theory import expected_tokens_per_loop, walltime_speedup
+from specdec.planning.theory import expected_tokens_per_loop, walltime_speedup
 from specdec.sampling import SamplingParams
 
 TEXT = [3, 17, 22, 9, 40, 5, 5, 31, 12, 8, 27, 19, 2, 44, 13, 7, 30, 21]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec.analysis.theory import acceptance_rate, lenient_acceptance_rate
+from specdec.planning.theory import acceptance_rate, lenient_acceptance_rate
 from specdec.sampling import SamplingParams, greedy_verify, lenient_greedy_verify, rejection_sample
 
 VOCAB = 6

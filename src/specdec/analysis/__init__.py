@@ -1,1 +1,2 @@
-"""Theory next to measurement: closed forms of speculative decoding's expected gains."""
+"""Theory next to measurement: alpha and c on your models, predictions against the bench, replayed
+speedups, roofline costs and lossless checks, over the closed forms in specdec.planning."""

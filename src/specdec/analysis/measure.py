@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.analysis.theory import acceptance_rate
+from specdec.planning.theory import acceptance_rate
 from specdec.models.runner import ModelRunner
 from specdec.sampling.params import SamplingParams
 from specdec.sampling.warp import warp_logits

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from specdec.analysis.measure import StepCosts
-from specdec.analysis.theory import expected_tokens_per_loop, optimal_k, walltime_speedup
+from specdec.planning.theory import expected_tokens_per_loop, optimal_k, walltime_speedup
 
 
 def prediction_rows(alpha: dict[str, dict], costs: StepCosts, ks: list[int],

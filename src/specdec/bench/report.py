@@ -35,7 +35,7 @@ def _method_stats(rows: list[dict], plain_rate: dict[str, float], plain_decode_r
     for row in rows:
         by_prompt[row["question_id"]].append(row)
     ratios = [_median_rate(group) / plain_rate[qid] for qid, group in by_prompt.items() if qid in plain_rate]
-    # Decode only (prefill left out): what the closed forms of analysis/theory.py predict.
+    # Decode only (prefill left out): what the closed forms of planning/theory.py predict.
     decode_ratios = [_median_rate(group, "decode_seconds") / plain_decode_rate[qid]
                      for qid, group in by_prompt.items() if qid in plain_decode_rate]
     tokens = sum(r["tokens"] for r in rows)

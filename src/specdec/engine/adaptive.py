@@ -32,7 +32,7 @@ step the engine tells an AdaptiveK what happened, and before the next one asks i
               earlier catch-ups). Where the saving is smaller the request decodes
               plainly from the start, exploration included: speculation that cannot
               pay back its draft's prefill is not begun;
-  k           analysis/theory.py's best_k: the argmax over k of predicted tokens/s,
+  k           planning/theory.py's best_k: the argmax over k of predicted tokens/s,
               expected tokens (Equation 1, per-position rates) / (draft_s(k) + verify_s(k + 1)),
               k = 0 (plain decoding) included once a few drafted steps are measured:
               where no k is predicted to beat a plain step, the engine decodes plainly,
@@ -54,8 +54,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from specdec.analysis.costs import RecentTimes
-from specdec.analysis.theory import best_k, expected_tokens_from_rates
+from specdec.planning.costs import RecentTimes
+from specdec.planning.theory import best_k, expected_tokens_from_rates
 
 
 class AdaptiveK:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
-from specdec.analysis.costs import RecentTimes
+from specdec.planning.costs import RecentTimes
 
 
 class TreeBudget:

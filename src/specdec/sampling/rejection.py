@@ -11,7 +11,7 @@ Lenience (Leviathan et al., Appendix A.5) trades that exactness for speed: with
 0 < l < 1, x_j is accepted with probability min(1, p_j(x_j) / (l q_j(x_j))), and
 at temperature 0 whenever p_j(x_j) >= l max_x p_j(x). l = 1 is the exact rule;
 any l < 1 is LOSSY: the output no longer follows the target's distribution
-(greedy: no longer equals its greedy output). analysis/theory.py has the
+(greedy: no longer equals its greedy output). planning/theory.py has the
 expected acceptance rate, lenient_acceptance_rate.
 """
 

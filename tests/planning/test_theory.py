@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from specdec.analysis.theory import (
+from specdec.planning.theory import (
     acceptance_rate,
     arithmetic_operations_factor,
     best_k,
