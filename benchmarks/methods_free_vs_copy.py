@@ -1,0 +1,73 @@
+"""Plain decoding, the default method, the draft model and ngram+draft, interleaved on 8 prompts.
+
+Four free-text prompts (a story, a translation, a word problem, an explanation) and four that
+copy their input (a code edit, an extraction, a question over a context, a summary), greedy, 128
+new tokens, every engine on one loaded target (and one draft), prompt by prompt in alternating
+order so that a slow minute of the machine falls on all of them. Prints each method's median
+tok/s against plain per group, tau (tokens per target forward) and whether its tokens equal
+plain decoding's. Which method the default should be is read from this kind of table.
+
+    python benchmarks/methods_free_vs_copy.py [--max-new-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from specdec.config import SpecConfig
+from specdec.factory import engine_for, load_models, plain_engine
+from specdec.sampling import SamplingParams
+
+FREE = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Translate to French: The weather was cold, so we stayed inside and read books all afternoon.",
+        "A train leaves at 3pm going 60 mph; another leaves at 4pm going 80 mph. When does the second catch up? "
+        "Explain step by step.",
+        "Explain how a hash map works to a new programmer."]
+COPY = ["Rename the variable `lst` to `items` and `res` to `result` in this function, and return the whole "
+        "function:\n\ndef dedupe(lst):\n    res = []\n    seen = set()\n    for x in lst:\n        if x not in seen:\n"
+        "            seen.add(x)\n            res.append(x)\n    return res\n",
+        "Extract every person and the date they joined as a JSON list of {name, joined}: Maria Lopez joined the team "
+        "on 3 March 2021. Two months later, on 12 May 2021, Kenji Sato arrived from the Osaka office. The newest "
+        "member, Priya Raman, started on 9 January 2023.",
+        "Context: The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It is 330 metres tall and was "
+        "the tallest man-made structure in the world until 1930, when the Chrysler Building in New York surpassed it. "
+        "Gustave Eiffel's company designed and built it.\nQuestion: Who built the Eiffel Tower, when was it finished, "
+        "and what surpassed its height? Answer using the context.",
+        "Summarize in three sentences: Speculative decoding speeds up language model inference by letting a cheap "
+        "proposer guess several tokens that the large model then checks in one forward pass. Tokens that agree with "
+        "the large model are kept, and the first disagreement is replaced by the large model's own choice, so the "
+        "output is exactly what the large model alone would produce. The speedup depends on how often the guesses "
+        "are right and on how cheap it is to check many tokens at once."]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    target, draft = load_models(SpecConfig(method="draft"), need_draft=True)
+    engines = {"plain": plain_engine(target), "default": engine_for(SpecConfig().resolved("cpu"), target),
+               "draft": engine_for(SpecConfig(method="draft"), target, draft),
+               "ngram+draft": engine_for(SpecConfig(method="ngram+draft"), target, draft)}
+    prompts = FREE + COPY
+    rates = {name: [] for name in engines}
+    taus = {name: [] for name in engines}
+    tokens = {}
+    for index, prompt in enumerate(prompts):
+        for name in (list(engines) if index % 2 == 0 else list(reversed(engines))):
+            start = time.perf_counter()
+            result = engines[name].generate(prompt, SamplingParams(), max_new_tokens=args.max_new_tokens, chat=True)
+            rates[name].append(len(result.token_ids) / (time.perf_counter() - start))
+            taus[name].append(result.stats.generated_tokens / max(result.stats.target_forwards, 1))
+            tokens[name, index] = result.token_ids
+    print(f"{'method':12s} {'free':>6s} {'copy':>6s} {'all':>6s} {'tau':>5s}  identical to plain")
+    for name in engines:
+        ratios = [rate / plain for rate, plain in zip(rates[name], rates["plain"])]
+        same = sum(tokens[name, index] == tokens["plain", index] for index in range(len(prompts)))
+        print(f"{name:12s} {statistics.median(ratios[:len(FREE)]):5.2f}x {statistics.median(ratios[len(FREE):]):5.2f}x "
+              f"{statistics.median(ratios):5.2f}x {statistics.median(taus[name]):5.2f}  {same}/{len(prompts)}")
+
+
+if __name__ == "__main__":
+    main()
