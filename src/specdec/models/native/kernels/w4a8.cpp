@@ -322,7 +322,7 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
     // Unrolled, so each accumulator keeps one register across the group's 4 chunks: rolled, GCC
     // rotated the 16 accumulators through other registers and the stack every chunk (~20 moves and
     // 7 spills per 32 vpdpbusd). Measured on a 2-core Cascade Lake Xeon (AVX512-VNNI), interleaved
-    // (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "AVX-512: the chunk loop unrolled"): the
+    // (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "The cost of a forward next to its floors"): the
     // 1.5B target's 112 projections 0.94x the time at 17 rows, 0.87x at 33, alike at 1-9 rows.
 #pragma GCC unroll 4
     for (int64_t c = 0; c < kChunks; ++c) {
