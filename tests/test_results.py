@@ -44,3 +44,22 @@ def test_every_result_is_quoted_in_the_docs():
     names = [path.name for path in RESULTS.iterdir() if path.name != "MANIFEST.md"]
     assert [name for name in names if not quoted(name, text)] == []
     assert quoted("peers", "see results/peers/") and not quoted("peers", "results/peers-avx2")
+
+
+def cited_sections(text: str) -> list[str]:
+    """The section titles a text cites as RESULTS.md, "Title" (or ("Title"), comment markers dropped)."""
+    joined = re.sub(r"\n\s*(//|#)?\s*", " ", text)
+    return [" ".join(cite.split()) for cite in re.findall(r'RESULTS\.md[,;:]?\s*\(?\s*"([^"]+)"', joined)]
+
+
+def test_every_cited_results_section_exists():
+    """Code and docs cite measurements by RESULTS.md's section titles: a renamed or missing section
+    leaves a reader with nothing to check."""
+    titles = [line[3:] for line in (ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines()
+              if line.startswith("## ")]
+    sources = [*(ROOT / "src").rglob("*.py"), *(ROOT / "src").rglob("*.cpp"), *(ROOT / "docs").glob("*.md"),
+               ROOT / "README.md", *(ROOT / "benchmarks").glob("*.py")]
+    cites = [(path.name, cite) for path in sources for cite in cited_sections(path.read_text())]
+    assert len(cites) > 20
+    assert [(name, cite) for name, cite in cites if not any(cite in title for title in titles)] == []
+    assert cited_sections('see (benchmarks/RESULTS.md,\n  // "Attention: tiles")') == ["Attention: tiles"]
