@@ -45,9 +45,6 @@ namespace {
 constexpr int kLanes = 16;
 constexpr float kNegligibleExponent = -60.f;  // attention.py's NEGLIGIBLE_EXPONENT
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
 // q . k over dim, in 16 fixed lanes and a fixed pairwise tree (k already fp32).
 inline float dot(const float* q, const float* k, int64_t dim) {
   float lanes[kLanes] = {0};
@@ -164,7 +161,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp_nonpositive1
 
 // Block steps 16 keys at a time (block % 16 == 0), each lane as the scalar loops do it:
 // the scores of one row's block, scaled, masked keys -inf (bias != 0; none when bias is null), and their max;
-// the block's weights; bf16 or fp32 rows widened to fp32 scratch.
+// the block's weights; bf16 rows widened to fp32 scratch.
 __attribute__((target("avx512f"))) inline float scale_mask_max_avx512(float* scores, int64_t block, float scale,
                                                                      const float* bias) {
   const __m512 vscale = _mm512_set1_ps(scale), minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -192,10 +189,6 @@ __attribute__((target("avx512f"))) inline void block_weights_avx512(const float*
   }
 }
 
-__attribute__((target("avx512f"))) inline void widen_avx512(const float* rows, int64_t count, int64_t stride,
-                                                           int64_t dim, float* out) {
-  for (int64_t t = 0; t < count; ++t) std::memcpy(out + t * dim, rows + t * stride, dim * sizeof(float));
-}
 __attribute__((target("avx512f"))) inline void widen_avx512(const c10::BFloat16* rows, int64_t count, int64_t stride,
                                                            int64_t dim, float* out) {
   for (int64_t t = 0; t < count; ++t) {  // bf16 -> fp32 is exact: the bits moved up 16 places
@@ -375,10 +368,6 @@ __attribute__((target("avx2"))) float scale_mask_max_avx2(float* scores, int64_t
   return m;
 }
 
-__attribute__((target("avx2"))) void widen_avx2(const float* rows, int64_t count, int64_t stride, int64_t dim,
-                                               float* out) {
-  for (int64_t t = 0; t < count; ++t) std::memcpy(out + t * dim, rows + t * stride, dim * sizeof(float));
-}
 __attribute__((target("avx2"))) void widen_avx2(const c10::BFloat16* rows, int64_t count, int64_t stride,
                                                int64_t dim, float* out) {
   for (int64_t t = 0; t < count; ++t) {  // bf16 -> fp32 is exact: the bits moved up 16 places
@@ -438,6 +427,17 @@ constexpr int kTileRows = 32;  // query rows attended together
 // arithmetic of a 1-token step (benchmarks/RESULTS.md, "Attention in registers").
 inline const float* in_place(const float* rows, int64_t stride, int64_t dim) { return stride == dim ? rows : nullptr; }
 inline const float* in_place(const c10::BFloat16*, int64_t, int64_t) { return nullptr; }
+
+// A block that cannot be read in place, into fp32 scratch: strided fp32 rows copied as they are (the
+// same for every step set), bf16 rows widened by the step set's own loop.
+template <typename Steps>
+void to_scratch(const float* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+  for (int64_t t = 0; t < count; ++t) std::memcpy(out + t * dim, rows + t * stride, dim * sizeof(float));
+}
+template <typename Steps>
+void to_scratch(const c10::BFloat16* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+  Steps::widen(rows, count, stride, dim, out);
+}
 
 // Where the rows of a tile find their keys. Block j < shared_blocks is the same for every row (a
 // chain's keys, or the cached prefix every node of a tree sees whole: read in place, all visible);
@@ -500,10 +500,9 @@ struct ScalarSteps {
       w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
     }
   }
-  template <typename T>
-  static void widen(const T* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+  static void widen(const c10::BFloat16* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
     for (int64_t t = 0; t < count; ++t)
-      for (int64_t d = 0; d < dim; ++d) out[t * dim + d] = to_float(rows[t * stride + d]);
+      for (int64_t d = 0; d < dim; ++d) out[t * dim + d] = static_cast<float>(rows[t * stride + d]);
   }
   // outs[0] += rescale * sum_t w[t] v[t], each output's terms in key order (mul then add; zero weights
   // add 0), and sums[0] = the weights' sum in key order. Every output has its own chain, so 64 at a
@@ -566,8 +565,7 @@ struct Avx512Steps {
     return scale_mask_max_avx512(scores, block, scale, bias);
   }
   static void weights(const float* scores, float max, int64_t block, float* w) { block_weights_avx512(scores, max, block, w); }
-  template <typename T>
-  static void widen(const T* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+  static void widen(const c10::BFloat16* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
     widen_avx512(rows, count, stride, dim, out);
   }
 };
@@ -589,8 +587,7 @@ struct Avx2Steps {
     return scale_mask_max_avx2(scores, block, scale, bias);
   }
   static void weights(const float* scores, float max, int64_t block, float* w) { block_weights_avx2(scores, max, block, w); }
-  template <typename T>
-  static void widen(const T* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
+  static void widen(const c10::BFloat16* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
     widen_avx2(rows, count, stride, dim, out);
   }
 };
@@ -639,7 +636,7 @@ void attend_rows(const float* const* queries, int rows, const KeyBlocks<T>& sour
       }
       const float* block_keys32 = in_place(block_keys, source.key_row_stride(j), dim);
       if (block_keys32 == nullptr) {
-        Steps::widen(block_keys, block, source.key_row_stride(j), dim, keys32);
+        to_scratch<Steps>(block_keys, block, source.key_row_stride(j), dim, keys32);
         block_keys32 = keys32;
       }
       for (int r0 = first; r0 < last;) {
@@ -676,7 +673,7 @@ void attend_rows(const float* const* queries, int rows, const KeyBlocks<T>& sour
       if (!any) continue;  // a block of weight exactly 0 for every row is skipped, as in the PyTorch form
       const float* block_values32 = in_place(block_values, source.value_row_stride(j), dim);
       if (block_values32 == nullptr) {
-        Steps::widen(block_values, block, source.value_row_stride(j), dim, values32);
+        to_scratch<Steps>(block_values, block, source.value_row_stride(j), dim, values32);
         block_values32 = values32;
       }
       const float* row_weights[kTileRows];
