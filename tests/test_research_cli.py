@@ -111,14 +111,14 @@ def test_verify_passes_the_engine(capsys, model_dirs):
 def test_verify_exits_one_when_speculation_is_not_lossless(capsys, model_dirs, monkeypatch):
     import torch
 
-    import specdec.engine.engine as engine_module
+    import specdec.engine.step as step_module
     from specdec.sampling.rejection import VerifyResult
 
     def accept_everything(draft_ids, num_draft, draft_probs, target_probs, generator=None, lenience=1.0):
         bonus = torch.multinomial(target_probs[:, -1], 1, generator=generator)
         return VerifyResult(torch.cat([draft_ids, bonus], dim=1), num_draft.clone())
 
-    monkeypatch.setattr(engine_module, "rejection_sample", accept_everything)
+    monkeypatch.setattr(step_module, "rejection_sample", accept_everything)
     code, text, _ = run(capsys, "verify", *_models(model_dirs), "-k", "3", "--samples", "300",
                         "--temperature", "0.6", "--prompt", "the cat sat", "--greedy-prompts", "0")
     assert code == 1 and "FAIL  first token" in text and "FAILED" in text

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chi2 as scipy_chi2
 
-import specdec.engine.engine as engine_module
+import specdec.engine.step as step_module
 from conftest import make_model, make_native
 from specdec.analysis.lossless import chi2_survival, distribution_tests, homogeneity_test
 from specdec.engine import SpecEngine
@@ -63,7 +63,7 @@ def test_a_verifier_that_accepts_every_draft_is_caught(engines, plain_draws, mon
         bonus = torch.multinomial(target_probs[:, -1], 1, generator=generator)
         return VerifyResult(torch.cat([draft_ids, bonus], dim=1), num_draft.clone())
 
-    monkeypatch.setattr(engine_module, "rejection_sample", accept_everything)
+    monkeypatch.setattr(step_module, "rejection_sample", accept_everything)
     tests = distribution_tests(list(engines[0].sample_continuations(PROMPT, PARAMS, 500)), plain_draws)
     assert min(t.p_value for t in tests) < 1e-6
     assert max(t.total_variation for t in tests) > 0.2

@@ -24,9 +24,9 @@ class ForwardLog:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def forward(self, token_ids, positions, last_n_logits=None):
+    def forward(self, token_ids, positions, **kwargs):
         self.widths.append(token_ids.shape[1])
-        return self.runner.forward(token_ids, positions, last_n_logits=last_n_logits)
+        return self.runner.forward(token_ids, positions, **kwargs)
 
 
 @pytest.fixture

@@ -34,8 +34,11 @@ class TimedRunner:
         self.forwards += 1
         return out
 
-    def truncate(self, seq_lens: torch.Tensor) -> None:
-        self.runner.truncate(seq_lens)
+    def truncate(self, seq_lens: torch.Tensor | list[int], **kwargs) -> None:
+        self.runner.truncate(seq_lens, **kwargs)
+
+    def keep_path(self, *args, **kwargs) -> None:
+        self.runner.keep_path(*args, **kwargs)
 
     def reset(self) -> None:
         self.runner.reset()

@@ -3,18 +3,11 @@
 Each running request owns one row of the target's cache (and of the draft's),
 and the running rows are kept packed at 0..B-1: a newcomer is prefilled into
 row B, a request that finishes is replaced by the last row (move_row). A step
-is SpecEngine's step over all rows together:
-  1. the proposer drafts up to k tokens per row, each row capped by what it may
-     still emit (max_new_tokens, context), padded with -1 (ragged);
-  2. one target forward over [last_token, *drafts] of every row, each row at its
-     own positions (and a lookahead row's Jacobi window after its drafts, which
-     no verified input sees; its logits go back to that row's proposer);
-  3-4. each row is verified with its own params and generator (verify_step, the
-     single-sequence code), so it accepts its own number of drafts;
-  5. each row's target and draft caches roll back to its own length;
-  6. each row commits, cut at EOS / stop string / max_new_tokens; finished rows leave;
-  7. stats per request.
-Row b draws exactly the random numbers it would draw alone, and its tokens
+is engine/step.py's run_step over all rows together, the code SpecEngine runs
+over one: each row drafts up to its own cap (what it may still emit, the
+context, the goodput controller's k), one target forward verifies every row,
+each row accepts its own number of drafts and rolls back to its own length;
+then each row commits (commit_row), and finished rows leave. Row b draws exactly the random numbers it would draw alone, and its tokens
 depend only on its own context, so a request's output does not depend on what
 else runs beside it (tests compare with SpecEngine).
 
@@ -37,17 +30,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from specdec.engine.engine import select_target_features, step_layout, verify_proposal
 from specdec.engine.goodput import GoodputK
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt, token_logprobs
+from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt
+from specdec.engine.step import Row, commit_row, queue_hidden, run_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
-from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
 
@@ -70,17 +62,11 @@ class RowUpdate:
 
 
 @dataclass
-class _Running:
-    handle: Hashable
-    request: Request
-    generator: torch.Generator
-    tokens: list[int]  # prompt and committed tokens
-    stats: RequestStats = field(default_factory=RequestStats)
+class _Running(Row):
+    handle: Hashable = None  # the caller's name for the request
     decode_started: float = 0.0
     prefilled: int = 0  # prompt tokens in the cache (all but the last once prefilled)
     overtaken: int = 0  # shorter prompts admitted later but prefilled first (bounded: no starvation)
-    # Head proposers only: the target's features of committed tokens the row's proposer has not read.
-    pending_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -174,8 +160,8 @@ class BatchEngine:
         it decodes from the step after its prefill is complete."""
         if not self.free_slots:
             raise RuntimeError("no free row: wait until a request finishes")
-        running = _Running(handle, request, request.params.make_generator(self.target.device),
-                           list(request.prompt_ids))
+        running = _Running(request, request.params.make_generator(self.target.device), list(request.prompt_ids),
+                           handle=handle)
         running.stats.prompt_tokens = len(request.prompt_ids)
         row = self.running  # rows are packed: decoding rows first, then the ones being prefilled
         # A twin's prefill is shared by copying its cache rows; a head proposer would also need the
@@ -276,7 +262,8 @@ class BatchEngine:
                 positions = torch.arange(running.prefilled, running.prefilled + count, device=self.target.device)
                 self._select_features()
                 output = self.target.forward(ids, positions[None], rows=slice(row, row + 1), last_n_logits=1)
-                self._queue_hidden(running, output.hidden)
+                if self._reads_hidden:
+                    queue_hidden(running, output.hidden)
                 running.prefilled += count
                 running.stats.prefill_time_s += time.perf_counter() - started
                 if budget is not None:
@@ -294,15 +281,6 @@ class BatchEngine:
         every forward, as SpecEngine does per request: other engines may share the target's weights."""
         if self._reads_hidden:
             select_target_features(self.target, self._feature_layers)
-
-    def _queue_hidden(self, running: _Running, hidden: torch.Tensor | None) -> None:
-        """Queue a row's committed tokens' features [1, n, H] for its proposer's next draft."""
-        if not self._reads_hidden:
-            return
-        if hidden is None:
-            raise ValueError("this proposer reads the target's hidden states; the target's runner gives none")
-        pending = running.pending_hidden
-        running.pending_hidden = hidden if pending is None else torch.cat([pending, hidden], dim=1)
 
     def _row_with_prompt(self, prompt_ids: list[int]) -> int | None:
         """A decoding row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
@@ -343,11 +321,9 @@ class BatchEngine:
             self._prefill(self.prefill_chunk)
         if not self._rows:
             return []
-        rows, device = self._rows, self.target.device
-        batch = len(rows)
-        lengths = [len(row.tokens) for row in rows]
+        rows, batch = self._rows, len(self._rows)
         # Every row writes k+1 positions, so the fullest row bounds k for all.
-        room = min(self.max_context - length for length in lengths)
+        room = min(self.max_context - len(row.tokens) for row in rows)
         # A request's first step is plain, as in SpecEngine (its first token as soon as plain decoding's).
         max_ks = [0 if row.stats.target_forwards == 0 else max(0, min(self.k, row.request.remaining - 1, room - 1))
                   for row in rows]
@@ -356,95 +332,22 @@ class BatchEngine:
         if self.goodput is not None and self.proposer is not None:
             max_ks = self.goodput.choose([row.handle for row in rows], max_ks)
 
-        # 1. Propose, each row within its own cap.
-        propose_started = time.perf_counter()
-        if self.proposer is not None and max(max_ks) >= 1:
-            contexts = []
-            for row, max_k in zip(rows, max_ks):
-                hidden = None
-                if self._reads_hidden and max_k >= 1:  # a row drafting nothing keeps its queue for later
-                    hidden, row.pending_hidden = row.pending_hidden, None
-                contexts.append(ProposeContext(torch.tensor([row.tokens], device=device), row.request.params,
-                                               row.generator, self.target.vocab_size, target_hidden=hidden))
-            proposal = self.proposer.propose(contexts, max_ks)
-        else:
-            proposal = DraftProposal.empty(batch, device)
-        proposal = proposal.truncated(room)  # a tree may hold more nodes than its depth: what the fullest row fits
-        draft_ids = proposal.token_ids.to(device)  # [B, k]
-        k = draft_ids.shape[1]
-        trees = proposal.row_parents or (None,) * batch  # row b's tree (its parents), or None: a chain
-
-        # 2. One target forward over [last_token, *drafts] of every row, each at its own positions
-        #    (a tree's nodes at the root's position + depth, each seeing only its ancestors).
-        forward_started = time.perf_counter()
-        last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
-        inputs = torch.cat([last, draft_ids.clamp_min(0)], dim=1)  # [B, k+1]
-        layout = step_layout(inputs, trees, proposal.row_lookahead or (None,) * batch, room)
-        inputs, among_new = layout.inputs, layout.among_new
-        positions = torch.tensor(lengths, device=device)[:, None] - 1 + layout.offsets.to(device)
-        # The forward is rectangular, [B, k+1]. A ragged one that computes only each row's real tokens
-        # (the decoder's `valid`, models/native/model.py: Packing; bit-identical) with a k per row by its
-        # own acceptance measured 0.89-0.95x plain at 2-8 clients on the Zen 4 EPYC against 0.97-1.05x
-        # for this (benchmarks/results/serve-goodput/ragged): kept out of the step until that is understood.
-        self._select_features()
-        output = self.target.forward(inputs, positions, rows=slice(0, batch), among_new=among_new)
-        target_logits = output.logits  # [B, k+1 (+ lookahead tokens), V]
+        # Steps 1-5 (engine/step.py), then 6-7: commit, cut at EOS / stop / length; record; finished rows leave.
+        result = run_step(self.target, self.proposer, rows, max_ks)
         if self.goodput is not None:
-            target_logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
-            self.goodput.record_step(batch, inputs.numel(), time.perf_counter() - forward_started, k,
-                                     forward_started - propose_started)
-        for b, lookahead in enumerate(layout.lookaheads):  # lookahead decoding: each row's Jacobi update
-            if lookahead is not None:
-                self.proposer.read_lookahead(b, target_logits[b, k + 1:k + 1 + lookahead.token_ids.shape[1]])
-
-        # 3-4. Verify each row alone: its own width, params and generator.
-        num_draft = proposal.num_tokens.tolist()  # host sync: commit code
-        verified: list[list[int]] = []  # accepted drafts and the closing token, per row
-        num_accepted: list[int] = []
-        kept_inputs: list[list[int]] = []  # per row, the forward's inputs now committed (root first)
-        for b, row in enumerate(rows):
-            width = num_draft[b]
-            probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
-            row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
-                                         parents=trees[b])
-            accepted, tokens, inputs_kept = verify_proposal(row_proposal, target_logits[b:b + 1, :width + 1],
-                                                            row.request.params, row.generator)
-            num_accepted.append(accepted)
-            verified.append(tokens)
-            kept_inputs.append(inputs_kept)
-
-        # 5. Roll back each row to its committed tokens but the last (which opens the next step):
-        #    a tree row keeps its accepted path, packed after the root; a chain row its prefix.
-        for b, parents in enumerate(trees):
-            if parents is not None:
-                self.target.keep_path(lengths[b] - 1, kept_inputs[b][1:], row=b)
-        self.target.truncate([length + a for length, a in zip(lengths, num_accepted)], rows=slice(0, batch))
-        if self._reads_hidden:
-            for b, row in enumerate(rows):
-                self._queue_hidden(row, output.hidden[b:b + 1, kept_inputs[b]])
-        if self.proposer is not None and k > 0:
-            self.proposer.on_verified(torch.tensor(num_accepted))
-
-        # 6-7. Commit, cut at EOS / stop / length; record; finished rows leave.
+            self.goodput.record_step(batch, result.forward_tokens, result.forward_s, result.width, result.propose_s)
         updates, finished = [], []
         now = time.perf_counter()
         for b, row in enumerate(rows):
-            kept = row.request.commit(verified[b])
-            row.tokens += kept
-            logprobs = None
-            if row.request.logprobs is not None:  # the target's, at the inputs that emitted them
-                logprobs = token_logprobs(target_logits[b, kept_inputs[b]], kept, row.request.params,
-                                          row.request.logprobs)
-                row.request.token_logprobs += logprobs
-            row.stats.record_step(num_draft[b], num_accepted[b], len(kept))
+            before = len(row.request.token_logprobs)
+            kept = commit_row(row, result, b, self.max_context)
             if self.goodput is not None:
-                self.goodput.record_row(row.handle, num_draft[b], num_accepted[b])
+                self.goodput.record_row(row.handle, result.drafted[b], result.accepted[b])
             row.stats.decode_time_s = now - row.decode_started
-            if not row.request.finished and len(row.tokens) >= self.max_context:
-                row.request.finish("length")
             text = row.request.text_delta() if self.tokenizer is not None else ""
+            logprobs = row.request.token_logprobs[before:] if row.request.logprobs is not None else None
             updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats,
-                                     num_draft[b], num_accepted[b], logprobs))
+                                     result.drafted[b], result.accepted[b], logprobs))
             if row.request.finished:
                 finished.append(b)
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed

@@ -1,18 +1,10 @@
-"""SpecEngine: prefill, speculative step, generate, stream.
+"""SpecEngine: one request at a time (prefill, generate, stream), a one-row client of the step.
 
-One step (docs/architecture.md; Chen et al. 2023, Algorithm 2):
-  1. the proposer drafts up to k tokens;
-  2. one target forward over [last_token, *draft];
-  3. the target logits are warped with the request's SamplingParams;
-  4. verification keeps the longest acceptable prefix plus one target token;
-  5. target and proposer caches roll back to the committed tokens;
-  6. tokens are committed, cut at EOS / stop string / max_new_tokens;
-  7. stats are recorded.
-With no proposer every step drafts nothing and this is plain autoregressive
-decoding (Algorithm 1) through the very same code, which makes the baseline honest.
-
-Cache convention: the target's KV cache holds every committed token except the
-last one, which is the first input of the next step.
+Every step is engine/step.py's run_step over one row, the code BatchEngine runs over many: propose,
+one target forward over [last_token, *draft], verify, roll back, then commit_row cuts at EOS /
+stop string / max_new_tokens. What is SpecEngine's own: the prompt cache across requests
+(reuse_prefix), the request's first step being plain, and AdaptiveK (`-k auto`, engine/adaptive.py),
+which reads one request's acceptance per draft position.
 """
 
 from __future__ import annotations
@@ -20,139 +12,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 import torch
 
 from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, check_generation_options, encode_prompt
+from specdec.engine.step import Row, StepResult, commit_row, queue_hidden, run_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
-from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, Proposer
+from specdec.proposers.base import Proposer
+from specdec.proposers.batched import RowwiseProposer
 from specdec.sampling.params import SamplingParams
-from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
-from specdec.sampling.tree import TreeVerifyResult, greedy_verify_tree, sample_verify_tree, tree_attention_mask, \
-    tree_depths, typical_verify_tree
-from specdec.sampling.warp import warp_logits
-
-
-def verify_step(
-    draft_ids: torch.Tensor,  # [B, k] int64, padded with -1
-    num_draft: torch.Tensor,  # [B]
-    draft_probs: torch.Tensor | None,  # [B, k, V]; None = point mass
-    target_logits: torch.Tensor,  # [B, k+1, V] raw
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> VerifyResult:
-    """Steps 3-4: greedy matching at temperature 0, else warp the target and rejection-sample.
-
-    params.lenience < 1 switches to the lossy lenient rules (sampling/rejection.py).
-    """
-    if params.greedy:
-        if params.exact:
-            return greedy_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
-        return lenient_greedy_verify(draft_ids, num_draft, target_logits, params.lenience)
-    target_probs = warp_logits(target_logits, params)  # [B, k+1, V]
-    return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator,
-                            lenience=params.lenience)
-
-
-def verify_tree_step(
-    proposal: DraftProposal,  # one row, parents set
-    target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each node
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> TreeVerifyResult:
-    """Steps 3-4 for a tree (sampling/tree.py): greedy walk at temperature 0, else
-    recursive rejection over siblings; with typical_acceptance (LOSSY) Medusa's rule,
-    which also takes chains (parents None = one path)."""
-    if params.lenience != 1.0:
-        raise ValueError("lenience < 1 applies to chain drafts; tree drafts are verified exactly "
-                         "(or with --typical-acceptance)")
-    tokens = proposal.token_ids[0, : int(proposal.num_tokens[0])].tolist()
-    parents = list(proposal.parents) if proposal.parents is not None else list(range(-1, len(tokens) - 1))
-    if params.typical_acceptance and not params.greedy:
-        return typical_verify_tree(tokens, parents, warp_logits(target_logits, params)[0], generator)
-    if params.greedy:
-        return greedy_verify_tree(tokens, parents, target_logits[0].argmax(dim=-1).tolist())
-    draft_probs = None if proposal.probs is None else proposal.probs[0]
-    return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
-
-
-def verify_proposal(
-    proposal: DraftProposal,  # one row, on the target's device: a chain (parents None) or a tree
-    target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each drafted input
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> tuple[int, list[int], list[int]]:
-    """Steps 3-4 for one row, chain or tree: (accepted drafts, the tokens to commit, the forward's
-    inputs they came from, root first, for rollback and logprobs). SpecEngine and BatchEngine alike."""
-    if proposal.parents is None and verifies_as_chain(params):
-        result = verify_step(proposal.token_ids, proposal.num_tokens, proposal.probs, target_logits, params, generator)
-        accepted = int(result.num_accepted[0])  # host sync: commit code
-        return accepted, result.output_ids[0, : accepted + 1].tolist(), list(range(accepted + 1))
-    tree = verify_tree_step(proposal, target_logits, params, generator)
-    return tree.num_accepted, tree.output_ids, [0] + [node + 1 for node in tree.path]
-
-
-class StepLayout(NamedTuple):
-    inputs: torch.Tensor  # [B, W]: each row's root and drafts (k+1, padded), then its lookahead tokens
-    offsets: torch.Tensor  # [B, W] each input's position after the root's
-    among_new: torch.Tensor | None  # [B, W, W] which inputs each input sees; None: causal
-    lookaheads: tuple[LookaheadInputs | None, ...]  # the lookahead tokens placed, per row
-
-
-def step_layout(inputs: torch.Tensor, trees: Sequence[tuple[int, ...] | None],
-                lookaheads: Sequence[LookaheadInputs | None], room: int) -> StepLayout:
-    """The verification forward of one step (SpecEngine: one row; BatchEngine: every row).
-    inputs [B, k+1]: root and drafts; trees: row b's parents, or None for a chain; lookaheads:
-    row b's lookahead tokens, or None; room: cache entries past the root the fullest row still has.
-
-    A tree row's nodes sit at the root's position + depth and see their ancestors. A row's
-    lookahead tokens go after the k+1 verified inputs, at their own offsets, seeing the root and
-    what their mask allows; no verified input sees them, so verified logits are a plain step's.
-    Where the widest window would not fit the room, no row carries one this step. Padding (a row
-    drafting less than the widest, a window shorter than the widest) sits at chain offsets and sees
-    causally: no real input sees it, and rollback drops it."""
-    batch, verified = inputs.shape
-    extra = max((lookahead.token_ids.shape[1] for lookahead in lookaheads if lookahead is not None), default=0)
-    if verified - 1 + extra > room:  # the window's cache entries would not fit the context: verify only
-        lookaheads, extra = (None,) * batch, 0
-    width = verified + extra
-    offsets = torch.arange(width).repeat(batch, 1)
-    if not any(trees) and not extra:  # chains, or trees without a node this step: the cheaper causal forward
-        return StepLayout(inputs, offsets, None, tuple(lookaheads))
-    among_new = torch.ones(width, width, dtype=torch.bool).tril().repeat(batch, 1, 1)
-    if extra:
-        inputs = torch.cat([inputs, inputs.new_zeros(batch, extra)], dim=1)
-    for b, (parents, lookahead) in enumerate(zip(trees, lookaheads)):
-        if parents:
-            n = len(parents) + 1
-            offsets[b, 1:n] = torch.tensor(tree_depths(parents))
-            among_new[b, :n, :n] = tree_attention_mask(parents)
-        if lookahead is not None:
-            window = slice(verified, verified + lookahead.token_ids.shape[1])
-            inputs[b, window] = lookahead.token_ids[0].to(inputs.device)
-            offsets[b, window] = lookahead.offsets.cpu()
-            among_new[b, window] = False
-            among_new[b, window, 0] = True  # the root
-            among_new[b, window, window] = lookahead.mask.cpu()
-    return StepLayout(inputs, offsets, among_new, tuple(lookaheads))
-
-
-def verifies_as_chain(params: SamplingParams) -> bool:
-    """Chains go through verify_step unless typical acceptance (a tree rule) is asked for."""
-    return params.greedy or not params.typical_acceptance
-
-
-@dataclass
-class StepOutcome:
-    tokens: list[int]  # verified this step: accepted drafts + one target token
-    drafted: int
-    accepted: int
-    draft_s: float  # the proposer's time
-    verify_s: float  # the target's forward and the verification, up to the host sync
 
 
 @dataclass
@@ -170,17 +41,6 @@ class GenerationResult:
     prompt_token_ids: list[int]
     finish_reason: str
     stats: RequestStats = field(default_factory=RequestStats)
-
-
-def select_target_features(runner, layers: tuple[int, ...]) -> None:
-    """Which features the target's forward hands over: its final ones (), or the named layers'
-    (EAGLE-3). Set per request, so engines sharing one target runner may read different ones."""
-    decoder = getattr(runner, "decoder", None)
-    if decoder is None:
-        if layers:
-            raise ValueError("this head reads the target's inner layers: load the target with the native backend")
-        return
-    decoder.capture_layers(layers)
 
 
 class SpecEngine:
@@ -208,13 +68,13 @@ class SpecEngine:
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
         self.target = target
         self.proposer = proposer
+        # The step's view of it: one row of a batch (proposers/batched.py).
+        self._row_proposer = None if proposer is None else RowwiseProposer(lambda: proposer, 1)
         self.tokenizer = tokenizer
         self.k = k
         self.adaptive = AdaptiveK(max_k=max_k) if k == "auto" else None
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
-        # The target's features not yet handed to a proposer that reads them ([1, n, H]).
         self._keeps_hidden = proposer is not None and proposer.reads_target_hidden
-        self._pending_hidden: torch.Tensor | None = None
         # Prompt caching across requests (what llama-server's cache_prompt and vLLM's prefix caching
         # do): the target's cache still holds the last request's prompt and answer, so a prompt that
         # starts the same (a system prompt, a tool schema, the conversation so far) prefills only
@@ -287,29 +147,23 @@ class SpecEngine:
         ignored here, on purpose: they do not change which tokens are drawn.
         """
         ids = self.encode(prompt, chat)
-        device = self.target.device
-        prefix = torch.tensor([ids], dtype=torch.int64, device=device)  # [1, L]
-        self._prefill(prefix)
-        prompt_hidden = self._pending_hidden
+        prompt_row = Row(Request(ids, params, max_new_tokens=min_tokens), None, list(ids))
+        self._prefill(prompt_row)
         for index in range(samples):
-            self._pending_hidden = prompt_hidden
             step_params = replace(params, seed=seed + index)
-            generator = step_params.make_generator(device)
-            tokens, drawn = prefix, []
-            self.target.truncate(torch.tensor([prefix.shape[1] - 1]))
-            if self.proposer is not None:
-                self.proposer.reset()
-            if self.adaptive is not None:
-                self.adaptive.start_request()
+            row = Row(Request(ids, step_params, max_new_tokens=min_tokens), step_params.make_generator(self.target.device),
+                      list(ids), pending_hidden=prompt_row.pending_hidden)
+            self.target.truncate(torch.tensor([len(ids) - 1]))
+            self._start_request()
+            drawn: list[int] = []
             while len(drawn) < min_tokens:
-                context_left = self.target.max_context - tokens.shape[1]
+                context_left = self.target.max_context - len(row.tokens)
                 if context_left <= 1:
                     raise ValueError("the prompt leaves no room in the context for the sampled tokens")
-                ctx = ProposeContext(tokens, step_params, generator, self.target.vocab_size)
-                max_k = self._next_k(tokens.shape[1], min_tokens - len(drawn))
-                kept = self._step(ctx, min(max_k, context_left - 1)).tokens
+                max_k = min(self._next_k(len(row.tokens), min_tokens - len(drawn)), context_left - 1)
+                kept = self._step(row, max_k).tokens[0]
                 drawn += kept
-                tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
+                row.tokens += kept
             yield drawn
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -327,45 +181,32 @@ class SpecEngine:
 
     def _run(self, request: Request, stats: RequestStats) -> Iterator[list[int]]:
         """Prefill, then steps until the request finishes; yields the tokens of each step."""
-        device = self.target.device
-        generator = request.params.make_generator(device)
-        tokens = torch.tensor([request.prompt_ids], dtype=torch.int64, device=device)  # [1, L]
-        stats.prompt_tokens = tokens.shape[1]
-
+        row = Row(request, request.params.make_generator(self.target.device), list(request.prompt_ids), stats)
+        stats.prompt_tokens = len(row.tokens)
         started = request_started = time.perf_counter()
-        if self.proposer is not None:
-            self.proposer.reset()
-        if self.adaptive is not None:
-            self.adaptive.start_request()
-        stats.prompt_tokens_reused = self._prefill(tokens)
+        self._start_request()
+        stats.prompt_tokens_reused = self._prefill(row)
         stats.prefill_time_s = time.perf_counter() - started
 
         started = time.perf_counter()
         while not request.finished:
-            context_left = self.target.max_context - tokens.shape[1]
-            if context_left <= 0:
-                request.finish("length")
-                break
             # At most remaining-1 drafts: a step emits num_accepted + 1 tokens. The first step is
             # plain, so the first token comes as soon as plain decoding's (time to first token):
             # a proposer's own prefill (a draft model reading the prompt) starts at the second.
+            context_left = self.target.max_context - len(row.tokens)
             first_step = stats.target_forwards == 0
-            max_k = 0 if first_step else min(self._next_k(tokens.shape[1], request.remaining),
+            max_k = 0 if first_step else min(self._next_k(len(row.tokens), request.remaining),
                                              request.remaining - 1, context_left - 1)
-            ctx = ProposeContext(tokens, request.params, generator, self.target.vocab_size)
-            step = self._step(ctx, max_k)
-            kept = request.commit(step.tokens)
-            stats.record_step(step.drafted, step.accepted, len(kept))
-            if kept:
-                tokens = torch.cat([tokens, torch.tensor([kept], dtype=torch.int64, device=device)], dim=1)
+            kept = commit_row(row, self._step(row, max_k), 0, self.target.max_context)
             stats.decode_time_s = time.perf_counter() - started
             if kept and not stats.first_token_s:
                 stats.first_token_s = time.perf_counter() - request_started
             yield kept
-        self._end_request(request)
+        if self.proposer is not None:  # what was written (suffix decoding's cache learns across requests)
+            self.proposer.end_request(request.prompt_ids, request.generated)
         if self.reuse_prefix:  # the cache holds the committed tokens' keys up to its length
-            cached = min(self.target.seq_len, tokens.shape[1])
-            self._cached = (self.target.cache_version, tokens[0, :cached].tolist())
+            cached = min(self.target.seq_len, len(row.tokens))
+            self._cached = (self.target.cache_version, row.tokens[:cached])
 
     def forget_earlier_requests(self) -> None:
         """Empty what the proposer learned from earlier requests (suffix decoding's cache), so the
@@ -374,10 +215,11 @@ class SpecEngine:
         if self.proposer is not None:
             self.proposer.forget_earlier_requests()
 
-    def _end_request(self, request: Request) -> None:
-        """Tell a proposer that learns across requests (suffix decoding's cache) what was written."""
+    def _start_request(self) -> None:
         if self.proposer is not None:
-            self.proposer.end_request(request.prompt_ids, request.generated)
+            self.proposer.reset()
+        if self.adaptive is not None:
+            self.adaptive.start_request()
 
     def _next_k(self, context_len: int, remaining: int) -> int:
         if self.adaptive is None:
@@ -388,106 +230,48 @@ class SpecEngine:
         """What the proposer must still read before it drafts (Proposer.unread_tokens; 0 where it keeps no state)."""
         return 0 if self.proposer is None else self.proposer.unread_tokens(context_len)
 
-    def _prefill(self, tokens: torch.Tensor) -> int:  # [1, L]
+    def _prefill(self, row: Row) -> int:
         """A target cache holding every token but the last, which opens the first step; returns how
         many of them the last request left cached (reuse_prefix), which are not read again."""
-        reused = self._reusable_prefix(tokens)
+        reused = self._reusable_prefix(row.tokens)
         if reused:
             self.target.truncate([reused])
         else:
             self.target.reset()
         self._cached = None
-        self._pending_hidden = None
         if self._keeps_hidden:
             select_target_features(self.target, self.proposer.target_layers)
-        if tokens.shape[1] - 1 > reused:
-            positions = torch.arange(reused, tokens.shape[1] - 1, device=tokens.device)[None]
-            output = self.target.forward(tokens[:, reused:-1], positions, last_n_logits=1)
-            self._keep_hidden(output.hidden, None)
+        if len(row.tokens) - 1 > reused:
+            device = self.target.device
+            ids = torch.tensor([row.tokens[reused:-1]], dtype=torch.int64, device=device)
+            positions = torch.arange(reused, len(row.tokens) - 1, device=device)[None]
+            output = self.target.forward(ids, positions, last_n_logits=1)
+            if self._keeps_hidden:
+                queue_hidden(row, output.hidden)
         return reused
 
-    def _reusable_prefix(self, tokens: torch.Tensor) -> int:
+    def _reusable_prefix(self, tokens: list[int]) -> int:
         """Leading prompt tokens (all but the last) whose keys the target's cache holds from the
         last request, untouched since: the common prefix of the two token lists."""
         if not self.reuse_prefix or self._cached is None or self._cached[0] != self.target.cache_version:
             return 0
-        cached, prompt = self._cached[1], tokens[0, :-1].tolist()
         common = 0
-        for a, b in zip(cached, prompt):
+        for a, b in zip(self._cached[1], tokens[:-1]):
             if a != b:
                 break
             common += 1
         return common
 
-    def _keep_hidden(self, hidden: torch.Tensor | None, inputs: list[int] | None) -> None:
-        """Queue the target's features of the committed inputs (None = all) for the proposer."""
-        if not self._keeps_hidden:
-            return
-        if hidden is None:
-            raise ValueError("this proposer reads the target's hidden states; the target's runner gives none "
-                             "(use the native backend: --backend native)")
-        kept = hidden if inputs is None else hidden[:, inputs]
-        pending = self._pending_hidden
-        self._pending_hidden = kept if pending is None else torch.cat([pending, kept], dim=1)
-
-    def _take_hidden(self, ctx: ProposeContext) -> ProposeContext:
-        if not self._keeps_hidden:
-            return ctx
-        ctx, self._pending_hidden = replace(ctx, target_hidden=self._pending_hidden), None
-        return ctx
-
-    def _step(self, ctx: ProposeContext, max_k: int) -> StepOutcome:
-        """One speculative step."""
-        context_len = ctx.token_ids.shape[1]
-        device = self.target.device
-        started = time.perf_counter()
-
-        # 1. Propose.
-        caught_up = 0  # context the proposer read in this step (a catch-up step's tokens, if it drafted nothing)
-        if self.proposer is not None and max_k >= 1:
-            unread = self._unread_tokens(context_len)
-            proposal = self.proposer.propose(self._take_hidden(ctx), max_k)
-            caught_up = unread - self._unread_tokens(context_len)
-        else:
-            proposal = DraftProposal.empty(1, device)
-        # A tree may hold more nodes than its depth: only as many as the context still has room for.
-        proposal = proposal.truncated(self.target.max_context - context_len)
-        draft_ids = proposal.token_ids.to(device)  # [1, k]
-        k = draft_ids.shape[1]
-        proposed = time.perf_counter()
-
-        # 2. One target forward over [last_token, *draft] at positions L-1 .. L-1+k
-        #    (a tree: at L-1 + depth, each node seeing only its ancestors; lookahead tokens after them).
-        inputs = torch.cat([ctx.token_ids[:, -1:], draft_ids.clamp_min(0)], dim=1)  # [1, k+1]
-        layout = step_layout(inputs, (proposal.parents,), (proposal.lookahead,), self.target.max_context - context_len)
-        positions = context_len - 1 + layout.offsets.to(device)
-        if layout.among_new is None:  # a chain: the causal forward every runner has (the HF one too)
-            output = self.target.forward(layout.inputs, positions)
-        else:  # a tree or a lookahead window: the native decoder's mask among the new tokens
-            output = self.target.forward(layout.inputs, positions, among_new=layout.among_new.to(device))
-        target_logits = output.logits[:, : k + 1]  # [1, k+1, V]
-        if layout.lookaheads[0] is not None:
-            self.proposer.read_lookahead(output.logits[0, k + 1:])
-
-        # 3-4. Warp and verify; 5. roll back: keep the last token and the accepted
-        #    drafts; the new final token is not cached yet (it opens the next step).
-        num_accepted, tokens, kept_inputs = verify_proposal(replace(proposal, token_ids=draft_ids), target_logits,
-                                                            ctx.params, ctx.generator)
-        if proposal.parents is None:  # a chain's accepted path is its prefix: plain truncation
-            self.target.truncate(torch.tensor([context_len + num_accepted]))
-        else:
-            self.target.keep_path(context_len - 1, kept_inputs[1:])
-        self._keep_hidden(output.hidden, kept_inputs)
-        if self.proposer is not None and k > 0:
-            self.proposer.on_verified(torch.tensor([num_accepted]))
-
-        # 6. The caller commits, cutting at EOS / stop / length; 7. adaptive k learns from the step.
-        num_draft = int(proposal.num_tokens[0])
-        outcome = StepOutcome(tokens, num_draft, num_accepted,
-                              draft_s=proposed - started, verify_s=time.perf_counter() - proposed)
+    def _step(self, row: Row, max_k: int) -> StepResult:
+        """The shared step over this one row; then AdaptiveK and a tree budget learn from it."""
+        unread = self._unread_tokens(len(row.tokens)) if max_k >= 1 else 0
+        result = run_step(self.target, self._row_proposer, [row], [max_k])
+        # Context the proposer read in this step: a catch-up step's tokens, where it drafted nothing.
+        caught_up = unread - self._unread_tokens(len(row.tokens)) if max_k >= 1 else 0
         if self.adaptive is not None:
-            self.adaptive.record(drafted=num_draft, accepted=num_accepted, draft_s=outcome.draft_s,
-                                 verified_tokens=k + 1, verify_s=outcome.verify_s, caught_up=caught_up)
-        if proposal.parents is not None and self.proposer.tree_budget is not None:  # --tree-size auto
-            self.proposer.tree_budget.record(verified_tokens=k + 1, verify_s=outcome.verify_s, accepted=num_accepted)
-        return outcome
+            self.adaptive.record(drafted=result.drafted[0], accepted=result.accepted[0], draft_s=result.propose_s,
+                                 verified_tokens=result.width + 1, verify_s=result.verify_s, caught_up=caught_up)
+        if result.trees[0] is not None and self.proposer.tree_budget is not None:  # --tree-size auto
+            self.proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
+                                             accepted=result.accepted[0])
+        return result

@@ -32,7 +32,9 @@ class HFRunner:
         positions: torch.Tensor,  # [1, T]
         *,
         last_n_logits: int | None = None,
+        rows: slice | None = None,  # the engines' row selector: here only the one row there is
     ) -> ForwardOutput:
+        _check_one_row(rows)
         if token_ids.shape[0] != 1:
             raise ValueError("HFRunner serves one sequence at a time (batch size 1)")
         out = self.model(
@@ -45,11 +47,17 @@ class HFRunner:
         )
         return ForwardOutput(logits=out.logits)
 
-    def truncate(self, seq_lens: torch.Tensor) -> None:
-        remove = self.seq_len - int(seq_lens.reshape(-1)[0])
+    def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None:
+        _check_one_row(rows)
+        remove = self.seq_len - int(torch.as_tensor(seq_lens).reshape(-1)[0])
         if remove > 0:
             # A negative argument means "drop this many" in transformers 4.x and 5.x alike.
             self._cache.crop(-remove)
 
     def reset(self) -> None:
         self._cache = DynamicCache()
+
+
+def _check_one_row(rows: slice | None) -> None:
+    if rows is not None and (rows.start or 0, rows.stop) != (0, 1):
+        raise ValueError("HFRunner serves one sequence at a time (batch size 1); use the native backend for more")

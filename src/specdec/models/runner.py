@@ -32,9 +32,11 @@ class ModelRunner(Protocol):
         positions: torch.Tensor,  # [B, T] int64, contiguous from the cache length
         *,
         last_n_logits: int | None = None,  # only compute logits of the last n positions (prefill)
+        rows: slice | None = None,  # which cache rows the B rows are (contiguous; None: all)
     ) -> ForwardOutput: ...
 
-    def truncate(self, seq_lens: torch.Tensor) -> None: ...  # [B] keep this many cached tokens
+    # [B] keep this many cached tokens per row (rows: as forward's)
+    def truncate(self, seq_lens: torch.Tensor | list[int], rows: slice | None = None) -> None: ...
 
     def reset(self) -> None: ...  # empty the cache (a new request)
 

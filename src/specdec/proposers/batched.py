@@ -62,6 +62,11 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
     A row's tree (its parents) goes to row_parents; the engine verifies each row's own shape.
     A row's lookahead tokens go to row_lookahead; the engine appends them to that row's inputs.
     """
+    if len(proposals) == 1:  # one row (SpecEngine): its own tensors, already [1, k]
+        only = proposals[0]
+        return DraftProposal(only.token_ids.to(device), only.num_tokens.to(device), only.probs,
+                             row_parents=None if only.parents is None else (only.parents,),
+                             row_lookahead=None if only.lookahead is None else (only.lookahead,))
     width = max((p.token_ids.shape[1] for p in proposals), default=0)
     batch = len(proposals)
     token_ids = torch.full((batch, width), -1, dtype=torch.int64, device=device)

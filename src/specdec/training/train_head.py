@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.engine.engine import select_target_features
+from specdec.engine.step import select_target_features
 from specdec.models.heads.eagle3 import unrolled_mask
 from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
 

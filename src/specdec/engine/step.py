@@ -1,0 +1,290 @@
+"""One speculative step over B rows: the only decode loop (docs/architecture.md).
+
+SpecEngine runs it over one row, BatchEngine over its running requests (Chen et al. 2023, Algorithm 2):
+  1. the proposer drafts up to max_ks[b] tokens for row b (-1 padded: rows are ragged);
+  2. one target forward over every row's [last_token, *drafts], each row at its own positions
+     (a tree's nodes at the root's position + depth, each seeing only its ancestors; a lookahead
+     row's Jacobi window after its drafts, which no verified input sees);
+  3-4. each row is verified alone, with its own params and generator (verify_proposal), so row b
+     draws exactly the random numbers it would draw alone;
+  5. each row's target cache rolls back to its committed tokens but the last (which opens the next
+     step), the proposer forgets the rejected drafts, and a head proposer's rows queue the features
+     of their committed inputs;
+  6. commit_row cuts each row at EOS / stop string / max_new_tokens / the context;
+  7. the engines record stats and feed their k controllers (engine/adaptive.py for one request,
+     engine/goodput.py for a batch) from the StepResult.
+With no proposer, or max_ks all 0, every row drafts nothing and this is plain decoding (Algorithm 1)
+through the very same code, which makes the baseline honest.
+
+Cache convention: a row's target cache holds every committed token except the last one, which is
+the first input of the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from specdec.engine.metrics import RequestStats
+from specdec.engine.request import Request, token_logprobs
+from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext
+from specdec.proposers.batched import BatchProposer
+from specdec.sampling.params import SamplingParams
+from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
+from specdec.sampling.tree import TreeVerifyResult, greedy_verify_tree, sample_verify_tree, tree_attention_mask, \
+    tree_depths, typical_verify_tree
+from specdec.sampling.warp import warp_logits
+
+
+@dataclass
+class Row:
+    """One running request, as the step sees it."""
+
+    request: Request
+    generator: torch.Generator | None
+    tokens: list[int]  # prompt and committed tokens
+    stats: RequestStats = field(default_factory=RequestStats)
+    # Head proposers only: the target's features [1, n, H] of committed tokens its proposer has not read.
+    pending_hidden: torch.Tensor | None = None
+
+
+@dataclass
+class StepResult:
+    """What one step did, per row b."""
+
+    tokens: list[list[int]]  # verified: accepted drafts + one target token (commit_row cuts them)
+    drafted: list[int]
+    accepted: list[int]
+    kept_inputs: list[list[int]]  # the forward's inputs now committed, root first (their logits emitted them)
+    trees: tuple[tuple[int, ...] | None, ...]  # row b's draft tree (its parents), or None: a chain
+    logits: torch.Tensor  # [B, W, V] the target's raw logits at the forward's inputs
+    width: int  # drafts of the widest row: the forward verified B x (width + 1) tokens
+    forward_tokens: int  # tokens in the forward, lookahead windows and padding included
+    propose_s: float  # the proposer's time
+    forward_s: float  # the target's forward, up to a host sync
+    verify_s: float  # the forward and verification, rollback included
+
+
+def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks: Sequence[int]) -> StepResult:
+    """Steps 1-5 over rows 0..B-1 of the target's cache (and the proposer's)."""
+    device, batch = target.device, len(rows)
+    lengths = [len(row.tokens) for row in rows]
+    room = min(target.max_context - length for length in lengths)  # every row writes k+1 positions
+    reads_hidden = proposer is not None and proposer.reads_target_hidden
+    started = time.perf_counter()
+
+    # 1. Propose, each row within its own cap.
+    if proposer is not None and max(max_ks) >= 1:
+        contexts = []
+        for row, max_k in zip(rows, max_ks):
+            hidden = None
+            if reads_hidden and max_k >= 1:  # a row drafting nothing keeps its queue for later
+                hidden, row.pending_hidden = row.pending_hidden, None
+            contexts.append(ProposeContext(torch.tensor([row.tokens], device=device), row.request.params,
+                                           row.generator, target.vocab_size, target_hidden=hidden))
+        proposal = proposer.propose(contexts, max_ks)
+    else:
+        proposal = DraftProposal.empty(batch, device)
+    proposal = proposal.truncated(room)  # a tree may hold more nodes than its depth: what the fullest row fits
+    draft_ids = proposal.token_ids.to(device)  # [B, k]
+    k = draft_ids.shape[1]
+    trees = proposal.row_parents or (None,) * batch
+
+    # 2. One target forward over [last_token, *drafts] of every row, each at its own positions.
+    proposed = time.perf_counter()
+    last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
+    layout = step_layout(torch.cat([last, draft_ids.clamp_min(0)], dim=1), trees,
+                         proposal.row_lookahead or (None,) * batch, room)
+    positions = torch.tensor(lengths, device=device)[:, None] - 1 + layout.offsets.to(device)
+    if reads_hidden:
+        select_target_features(target, proposer.target_layers)
+    if layout.among_new is None:  # chains: the causal forward every runner has (the transformers one too)
+        output = target.forward(layout.inputs, positions, rows=slice(0, batch))
+    else:  # a tree or a lookahead window: the native decoder's mask among the new tokens
+        output = target.forward(layout.inputs, positions, rows=slice(0, batch), among_new=layout.among_new.to(device))
+    logits = output.logits  # [B, k+1 (+ lookahead tokens), V]
+    logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
+    forwarded = time.perf_counter()
+    for b, lookahead in enumerate(layout.lookaheads):  # lookahead decoding: each row's Jacobi update
+        if lookahead is not None:
+            proposer.read_lookahead(b, logits[b, k + 1:k + 1 + lookahead.token_ids.shape[1]])
+
+    # 3-4. Verify each row alone: its own width, params and generator.
+    drafted = proposal.num_tokens.tolist()  # host sync: commit code
+    verified, accepted, kept_inputs = [], [], []
+    for b, row in enumerate(rows):
+        width = drafted[b]
+        probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
+        row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs, parents=trees[b])
+        row_accepted, tokens, inputs = verify_proposal(row_proposal, logits[b:b + 1, :width + 1],
+                                                       row.request.params, row.generator)
+        accepted.append(row_accepted)
+        verified.append(tokens)
+        kept_inputs.append(inputs)
+
+    # 5. Roll back each row to its committed tokens but the last: a tree row keeps its accepted path,
+    #    packed after the root; a chain row its prefix.
+    for b, parents in enumerate(trees):
+        if parents is not None:
+            target.keep_path(lengths[b] - 1, kept_inputs[b][1:], row=b)
+    target.truncate([length + a for length, a in zip(lengths, accepted)], rows=slice(0, batch))
+    if reads_hidden:
+        for b, row in enumerate(rows):
+            queue_hidden(row, None if output.hidden is None else output.hidden[b:b + 1, kept_inputs[b]])
+    if proposer is not None and k > 0:
+        proposer.on_verified(torch.tensor(accepted))
+    return StepResult(verified, drafted, accepted, kept_inputs, trees, logits, k, layout.inputs.numel(),
+                      propose_s=proposed - started, forward_s=forwarded - proposed,
+                      verify_s=time.perf_counter() - proposed)
+
+
+def commit_row(row: Row, result: StepResult, b: int, max_context: int) -> list[int]:
+    """Step 6 for row b: its verified tokens cut at EOS / stop string / max_new_tokens (request.py) and
+    at the context's end; the stats, and the logprobs where the request asked. Returns the tokens kept."""
+    request = row.request
+    kept = request.commit(result.tokens[b])
+    row.tokens += kept
+    if request.logprobs is not None:  # the target's, at the inputs that emitted them
+        logprobs = token_logprobs(result.logits[b, result.kept_inputs[b]], kept, request.params, request.logprobs)
+        request.token_logprobs += logprobs
+    row.stats.record_step(result.drafted[b], result.accepted[b], len(kept))
+    if not request.finished and len(row.tokens) >= max_context:
+        request.finish("length")
+    return kept
+
+
+def queue_hidden(row: Row, hidden: torch.Tensor | None) -> None:
+    """Queue a row's committed tokens' features [1, n, H] for its proposer's next draft."""
+    if hidden is None:
+        raise ValueError("this proposer reads the target's hidden states; the target's runner gives none "
+                         "(use the native backend: --backend native)")
+    row.pending_hidden = hidden if row.pending_hidden is None else torch.cat([row.pending_hidden, hidden], dim=1)
+
+
+def select_target_features(runner, layers: tuple[int, ...]) -> None:
+    """Which features the target's forward hands over: its final ones (), or the named layers'
+    (EAGLE-3). Set before every forward that reads them: engines may share one target's weights."""
+    decoder = getattr(runner, "decoder", None)
+    if decoder is None:
+        if layers:
+            raise ValueError("this head reads the target's inner layers: load the target with the native backend")
+        return
+    decoder.capture_layers(layers)
+
+
+# ---- verification (steps 3-4) --------------------------------------------------------------
+
+
+def verify_step(
+    draft_ids: torch.Tensor,  # [B, k] int64, padded with -1
+    num_draft: torch.Tensor,  # [B]
+    draft_probs: torch.Tensor | None,  # [B, k, V]; None = point mass
+    target_logits: torch.Tensor,  # [B, k+1, V] raw
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Greedy matching at temperature 0, else warp the target and rejection-sample.
+
+    params.lenience < 1 switches to the lossy lenient rules (sampling/rejection.py).
+    """
+    if params.greedy:
+        if params.exact:
+            return greedy_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+        return lenient_greedy_verify(draft_ids, num_draft, target_logits, params.lenience)
+    target_probs = warp_logits(target_logits, params)  # [B, k+1, V]
+    return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator,
+                            lenience=params.lenience)
+
+
+def verify_tree_step(
+    proposal: DraftProposal,  # one row, parents set
+    target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each node
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> TreeVerifyResult:
+    """A tree (sampling/tree.py): greedy walk at temperature 0, else recursive rejection over
+    siblings; with typical_acceptance (LOSSY) Medusa's rule, which also takes chains."""
+    if params.lenience != 1.0:
+        raise ValueError("lenience < 1 applies to chain drafts; tree drafts are verified exactly "
+                         "(or with --typical-acceptance)")
+    tokens = proposal.token_ids[0, : int(proposal.num_tokens[0])].tolist()
+    parents = list(proposal.parents) if proposal.parents is not None else list(range(-1, len(tokens) - 1))
+    if params.typical_acceptance and not params.greedy:
+        return typical_verify_tree(tokens, parents, warp_logits(target_logits, params)[0], generator)
+    if params.greedy:
+        return greedy_verify_tree(tokens, parents, target_logits[0].argmax(dim=-1).tolist())
+    draft_probs = None if proposal.probs is None else proposal.probs[0]
+    return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
+
+
+def verify_proposal(
+    proposal: DraftProposal,  # one row, on the target's device: a chain (parents None) or a tree
+    target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each drafted input
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, list[int], list[int]]:
+    """One row, chain or tree: (accepted drafts, the tokens to commit, the forward's inputs they came
+    from, root first, for rollback and logprobs)."""
+    if proposal.parents is None and verifies_as_chain(params):
+        result = verify_step(proposal.token_ids, proposal.num_tokens, proposal.probs, target_logits, params, generator)
+        accepted = int(result.num_accepted[0])  # host sync: commit code
+        return accepted, result.output_ids[0, : accepted + 1].tolist(), list(range(accepted + 1))
+    tree = verify_tree_step(proposal, target_logits, params, generator)
+    return tree.num_accepted, tree.output_ids, [0] + [node + 1 for node in tree.path]
+
+
+def verifies_as_chain(params: SamplingParams) -> bool:
+    """Chains go through verify_step unless typical acceptance (a tree rule) is asked for."""
+    return params.greedy or not params.typical_acceptance
+
+
+# ---- the forward's layout (step 2) ---------------------------------------------------------
+
+
+class StepLayout(NamedTuple):
+    inputs: torch.Tensor  # [B, W]: each row's root and drafts (k+1, padded), then its lookahead tokens
+    offsets: torch.Tensor  # [B, W] each input's position after the root's
+    among_new: torch.Tensor | None  # [B, W, W] which inputs each input sees; None: causal
+    lookaheads: tuple[LookaheadInputs | None, ...]  # the lookahead tokens placed, per row
+
+
+def step_layout(inputs: torch.Tensor, trees: Sequence[tuple[int, ...] | None],
+                lookaheads: Sequence[LookaheadInputs | None], room: int) -> StepLayout:
+    """The verification forward of one step. inputs [B, k+1]: root and drafts; trees: row b's
+    parents, or None for a chain; lookaheads: row b's lookahead tokens, or None; room: cache entries
+    past the root the fullest row still has.
+
+    A tree row's nodes sit at the root's position + depth and see their ancestors. A row's
+    lookahead tokens go after the k+1 verified inputs, at their own offsets, seeing the root and
+    what their mask allows; no verified input sees them, so verified logits are a plain step's.
+    Where the widest window would not fit the room, no row carries one this step. Padding (a row
+    drafting less than the widest, a window shorter than the widest) sits at chain offsets and sees
+    causally: no real input sees it, and rollback drops it."""
+    batch, verified = inputs.shape
+    extra = max((lookahead.token_ids.shape[1] for lookahead in lookaheads if lookahead is not None), default=0)
+    if verified - 1 + extra > room:  # the window's cache entries would not fit the context: verify only
+        lookaheads, extra = (None,) * batch, 0
+    width = verified + extra
+    offsets = torch.arange(width).repeat(batch, 1)
+    if not any(trees) and not extra:  # chains, or trees without a node this step: the cheaper causal forward
+        return StepLayout(inputs, offsets, None, tuple(lookaheads))
+    among_new = torch.ones(width, width, dtype=torch.bool).tril().repeat(batch, 1, 1)
+    if extra:
+        inputs = torch.cat([inputs, inputs.new_zeros(batch, extra)], dim=1)
+    for b, (parents, lookahead) in enumerate(zip(trees, lookaheads)):
+        if parents:
+            n = len(parents) + 1
+            offsets[b, 1:n] = torch.tensor(tree_depths(parents))
+            among_new[b, :n, :n] = tree_attention_mask(parents)
+        if lookahead is not None:
+            window = slice(verified, verified + lookahead.token_ids.shape[1])
+            inputs[b, window] = lookahead.token_ids[0].to(inputs.device)
+            offsets[b, window] = lookahead.offsets.cpu()
+            among_new[b, window] = False
+            among_new[b, window, 0] = True  # the root
+            among_new[b, window, window] = lookahead.mask.cpu()
+    return StepLayout(inputs, offsets, among_new, tuple(lookaheads))
