@@ -287,7 +287,7 @@ def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_to
     """Three requests decoded side by side (BatchEngine, k=4) against each alone, greedy."""
     from specdec.engine import SpecEngine
     from specdec.engine.batch import BatchEngine
-    from specdec.proposers.registry import build_batch_proposer
+    from specdec.proposers.registry import build_proposer
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(temperature=0)
@@ -296,7 +296,7 @@ def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_to
     expected = [alone.generate(prompt, params, max_new_tokens=new_tokens).token_ids for prompt in prompts]
     results = {}
     for method in methods:
-        engine = BatchEngine(target.with_batch_size(slots), build_batch_proposer(method, slots=slots), tokenizer, k=4)
+        engine = BatchEngine(target.with_batch_size(slots), build_proposer(method, slots=slots), tokenizer, k=4)
         outputs = {i: [] for i in range(len(prompts))}
         for i, prompt in enumerate(prompts):
             engine.add(i, engine.make_request(prompt, params, max_new_tokens=new_tokens, ignore_eos=True))
@@ -314,7 +314,7 @@ def seeded_sampling(target: NativeRunner, tokenizer, slots: int = 3, new_tokens:
     from specdec.engine.batch import BatchEngine
     from specdec.proposers import NgramProposer
     from specdec.proposers.lookahead import LookaheadProposer
-    from specdec.proposers.registry import build_batch_proposer
+    from specdec.proposers.registry import build_proposer
     from specdec.sampling import SamplingParams
 
     prompts = [tokenizer.encode(PROMPT), tokenizer.encode(PROMPT[:120]), tokenizer.encode("import os\n" * 20)]
@@ -324,7 +324,7 @@ def seeded_sampling(target: NativeRunner, tokenizer, slots: int = 3, new_tokens:
         params = [SamplingParams(temperature=0.7, seed=100 + i) for i in range(len(prompts))]
         expected = [alone.generate(p, q, max_new_tokens=new_tokens).token_ids for p, q in zip(prompts, params)]
         again = alone.generate(prompts[0], params[0], max_new_tokens=new_tokens).token_ids
-        engine = BatchEngine(target.with_batch_size(slots), build_batch_proposer(method, slots=slots), tokenizer, k=4)
+        engine = BatchEngine(target.with_batch_size(slots), build_proposer(method, slots=slots), tokenizer, k=4)
         outputs = {i: [] for i in range(len(prompts))}
         for i, (prompt, param) in enumerate(zip(prompts, params)):
             engine.add(i, engine.make_request(prompt, param, max_new_tokens=new_tokens, ignore_eos=True))

@@ -124,13 +124,13 @@ def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_ref
     prefilled 96 tokens per step (chunked prefill, while other rows decode) and the step's k chosen
     by goodput."""
     from specdec.engine.batch import BatchEngine
-    from specdec.proposers.registry import build_batch_proposer
+    from specdec.proposers.registry import build_proposer
 
     target, draft = qwen_pair
     slots = len(prompts)
     runner = target.runner.with_batch_size(slots, initial_cache_len=1536)
     draft_runner = draft.runner.with_batch_size(slots, initial_cache_len=1536)
-    engine = BatchEngine(runner, build_batch_proposer(method, slots=slots, draft_runner=draft_runner),
+    engine = BatchEngine(runner, build_proposer(method, slots=slots, draft_runner=draft_runner),
                          target.tokenizer, k=k, eos_token_ids=target.eos_token_ids, prefill_chunk=prefill_chunk)
     params = SamplingParams(temperature=0)
     outputs = {index: [] for index in range(slots)}

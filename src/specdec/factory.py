@@ -14,6 +14,7 @@ from collections.abc import Callable
 from specdec.config import DEFAULT_DRAFT, SpecConfig
 from specdec.engine import SpecEngine
 from specdec.proposers.base import Proposer
+from specdec.proposers.batched import BatchProposer
 from specdec.proposers.registry import build_proposer, check_proposer_options
 
 Log = Callable[[str], None]
@@ -55,7 +56,7 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
     return target, draft
 
 
-def proposer_for(config: SpecConfig, target, draft=None, *, heads: dict | None = None) -> Proposer | None:
+def proposer_for(config: SpecConfig, target, draft=None, *, heads: dict | None = None) -> Proposer | BatchProposer | None:
     """The method's proposer over loaded models (None: plain decoding).
 
     heads: a dict shared across calls so that a grid of k values loads each head once."""
@@ -87,14 +88,10 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, hea
     """The batched engine's proposer (engine/batch.py; the server): draft_runner is a native
     runner with one cache row per slot; head: (LoadedHead, FrozenVocabulary) from load_head,
     for a head method. None: plain decoding."""
-    from specdec.proposers.registry import build_batch_proposer
-
     loaded, vocabulary = head if head is not None else (None, None)
-    return build_batch_proposer(config.method, slots=slots, draft_runner=draft_runner, ngram_max=config.ngram.max,
-                                ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
-                                suffix=config.suffix, lookahead=config.lookahead, draft_k=config.draft_k, head=loaded,
-                                head_vocabulary=vocabulary, tree_size=config.head.tree_size,
-                                tree_topk=config.head.tree_topk)
+    return build_proposer(config.method, slots=slots, draft_runner=draft_runner, adaptive=config.k == "auto",
+                          **proposer_options(config), suffix=config.suffix, lookahead=config.lookahead, head=loaded,
+                          head_vocabulary=vocabulary, tree_size=config.head.tree_size, tree_topk=config.head.tree_topk)
 
 
 def load_head(config: SpecConfig, target):

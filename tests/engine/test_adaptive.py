@@ -14,6 +14,7 @@ from specdec.engine.adaptive import AdaptiveK
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
 from specdec.proposers.base import ProposeContext, Proposer
+from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
 
@@ -162,7 +163,7 @@ def test_the_draft_stops_at_its_first_unsure_token(params):
     """A tiny random model is never 99% sure: with that threshold every proposal is one token long,
     with threshold 0 it always runs to max_k."""
     def first_proposal(proposer):
-        return proposer.propose(_context([3, 4, 5, 6], params), 5)
+        return proposer.propose([_context([3, 4, 5, 6], params)], [5])
 
     draft = HFRunner(make_model(seed=1, layers=1))
     unsure = first_proposal(DraftModelProposer(draft, confidence_threshold=0.99))
@@ -254,18 +255,18 @@ def test_the_registry_builds_adaptive_proposers(draft_runner):
         build_proposer("draft", draft_runner=draft_runner, draft_confidence=1.5, adaptive=True)
 
 
-class CountingProposer(Proposer):
+class CountingProposer(BatchProposer):
     """Delegates to a proposer and records the k asked for and how many tokens each proposal holds."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.asked, self.lengths = inner, [], []
+        self.inner, self.asked, self.lengths = as_batch(inner), [], []
 
-    def reset(self) -> None:
-        self.inner.reset()
+    def start_row(self, row) -> None:
+        self.inner.start_row(row)
 
-    def propose(self, ctx, max_k):
-        proposal = self.inner.propose(ctx, max_k)
-        self.asked.append(max_k)
+    def propose(self, contexts, max_ks):
+        proposal = self.inner.propose(contexts, max_ks)
+        self.asked.append(max_ks[0])
         self.lengths.append(int(proposal.num_tokens[0]))
         return proposal
 

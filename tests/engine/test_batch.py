@@ -13,7 +13,7 @@ from specdec.models.kv_cache import StaticKVCache
 from specdec.proposers import DraftModelProposer, NgramProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
-from specdec.proposers.registry import build_batch_proposer
+from specdec.proposers.registry import build_proposer
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 from specdec.sampling import SamplingParams
 
@@ -40,7 +40,7 @@ def _single(models, tokenizer, method, k=3):
 
 def _batched(models, tokenizer, method, k=3, slots=SLOTS):
     target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
-    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
+    proposer = build_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
     return BatchEngine(target, proposer, tokenizer, k=k)
 
 
@@ -90,7 +90,7 @@ def test_batched_suffix_rows_share_one_cache_of_earlier_outputs(models, tokenize
     together in the step's forward."""
     target = make_native(models[0], batch_size=SLOTS)
     options = SuffixOptions(cache_requests=64, spec_factor=4, min_token_prob=0.05)
-    proposer = build_batch_proposer("suffix", slots=SLOTS, suffix=options)
+    proposer = build_proposer("suffix", slots=SLOTS, suffix=options)
     sampler = SpecEngine(make_native(models[0]), None, tokenizer)
     for seed in range(6):
         for prompt in PROMPTS[:SLOTS]:
@@ -181,11 +181,11 @@ def test_bad_arguments_are_clear_errors(models, tokenizer):
     with pytest.raises(RuntimeError, match="no free row"):
         engine.add(1, engine.make_request("hi", max_new_tokens=3))
     with pytest.raises(ValueError, match="unknown method"):
-        build_batch_proposer("no-such-method", slots=2)
+        build_proposer("no-such-method", slots=2)
     with pytest.raises(ValueError, match="needs a trained eagle head"):
-        build_batch_proposer("eagle", slots=2)
+        build_proposer("eagle", slots=2)
     with pytest.raises(ValueError, match="needs a draft model"):
-        build_batch_proposer("ngram+draft", slots=2)
+        build_proposer("ngram+draft", slots=2)
 
 
 @pytest.mark.parametrize("k", [4, "auto"])
@@ -197,7 +197,7 @@ def test_batched_lookahead_rows_guess_for_themselves_and_equal_each_alone(tokeni
     model = make_peaked_model(seed=3)
     options = LookaheadOptions(window=3, ngram=3, guesses=3)
     target = make_native(model, batch_size=SLOTS)
-    batched = BatchEngine(target, build_batch_proposer("lookahead", slots=SLOTS, lookahead=options), tokenizer, k=k)
+    batched = BatchEngine(target, build_proposer("lookahead", slots=SLOTS, lookahead=options), tokenizer, k=k)
     greedy, seeded = SamplingParams(temperature=0), SamplingParams(temperature=0.9, seed=7)
     params = [greedy, seeded, greedy, seeded, greedy] if k == 4 else [greedy] * 5
     prompts = ["abc abc abc abc", "the cat the cat the", "xyz xy", "hello hello hello", "the quick brown fox"]
@@ -231,7 +231,7 @@ def test_batched_lookahead_runs_to_the_end_of_the_context(tokenizer, seed, conte
     greedy's output."""
     model, params = make_peaked_model(seed=seed), SamplingParams(temperature=0)
     engine = BatchEngine(make_native(model, batch_size=2, max_context=context),
-                         build_batch_proposer("lookahead", slots=2, lookahead=options), tokenizer, k=k)
+                         build_proposer("lookahead", slots=2, lookahead=options), tokenizer, k=k)
     requests = {i: engine.make_request(p, params, max_new_tokens=100, ignore_eos=True) for i, p in enumerate(prompts)}
     got = run_all(engine, requests)
     plain = SpecEngine(make_native(model, max_context=context), None, tokenizer, eos_token_ids=frozenset())
@@ -258,7 +258,7 @@ def test_speculation_pauses_above_spec_max_batch_and_resumes_exactly(models, tok
     as rows finish the last one is drafted for again (the draft catches up on its whole context first).
     The output never changes."""
     target, draft = make_native(models[0], batch_size=SLOTS), make_native(models[1], batch_size=SLOTS)
-    engine = BatchEngine(target, build_batch_proposer("draft", slots=SLOTS, draft_runner=draft), tokenizer, k=3,
+    engine = BatchEngine(target, build_proposer("draft", slots=SLOTS, draft_runner=draft), tokenizer, k=3,
                          spec_max_batch=1)
     params = SamplingParams(temperature=0)
     lengths = [10, 20, 45]
@@ -287,13 +287,13 @@ def test_speculation_pauses_above_spec_max_batch_and_resumes_exactly(models, tok
 def test_long_prompts_read_in_chunks_and_windows_match_each_request_alone(models, tokenizer):
     """Prompts longer than the draft's window and chunk: each row skips the same leading tokens and
     reads the same chunks per step as alone, so seeded sampling draws exactly what it draws alone."""
-    from specdec.proposers.batched import BatchedDraftModelProposer
+    from specdec.proposers.draft_model import DraftModelProposer
 
     prompts = [" ".join(["the quick brown fox"] * 5), "a b c " * 12, "hello", "one two three four " * 6]
     single = SpecEngine(make_native(models[0]), DraftModelProposer(make_native(models[1]), catch_up_chunk=8,
                                                                    context_window=24), tokenizer, k=3)
     target, draft = make_native(models[0], batch_size=SLOTS), make_native(models[1], batch_size=SLOTS)
-    batched = BatchEngine(target, BatchedDraftModelProposer(draft, catch_up_chunk=8, context_window=24),
+    batched = BatchEngine(target, DraftModelProposer(draft, catch_up_chunk=8, context_window=24),
                           tokenizer, k=3)
     params = [SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=0), SamplingParams(0.8, seed=6),
               SamplingParams(temperature=0)]
@@ -329,7 +329,7 @@ def test_requests_with_one_prompt_share_its_prefill_and_still_equal_each_alone(m
 
 def _batched_chunked(models, tokenizer, method, chunk, slots=SLOTS):
     target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
-    proposer = build_batch_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
+    proposer = build_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
     return BatchEngine(target, proposer, tokenizer, k=3, prefill_chunk=chunk)
 
 

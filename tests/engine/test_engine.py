@@ -12,6 +12,7 @@ from conftest import VOCAB_SIZE, make_model
 from specdec.engine import SpecEngine
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer, Proposer
+from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling import SamplingParams, warp_logits
 
 PROMPT = "the quick brown fox"
@@ -105,7 +106,7 @@ def test_auto_k_learns_what_reading_the_prompt_costs(plain, tokenizer):
     reference = plain.generate(prompt, max_new_tokens=30)
     prompt_len = len(reference.prompt_token_ids)
     proposer = DraftModelProposer(HFRunner(make_model(seed=0)), catch_up_chunk=8, context_window=20)
-    assert proposer.unread_tokens(prompt_len) == 20  # a fresh request: the prompt's last 20 tokens
+    assert proposer.unread_tokens(0, prompt_len) == 20  # a fresh request: the prompt's last 20 tokens
     engine = SpecEngine(plain.target, proposer, tokenizer, k="auto")
     assert engine.generate(prompt, max_new_tokens=30).token_ids == reference.token_ids
     read = [tokens for tokens, _ in engine.adaptive._catch_up]
@@ -206,17 +207,17 @@ def _copyable_prompt(target: HFRunner, params: SamplingParams) -> list[int]:
     return [3, b, 4, 3]
 
 
-class Counting(Proposer):
+class Counting(BatchProposer):
     """Passes through to a proposer, counting drafted and accepted tokens."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.drafted, self.accepted = inner, 0, 0
+        self.inner, self.drafted, self.accepted = as_batch(inner), 0, 0
 
-    def reset(self) -> None:
-        self.inner.reset()
+    def start_row(self, row) -> None:
+        self.inner.start_row(row)
 
-    def propose(self, ctx, max_k):
-        proposal = self.inner.propose(ctx, max_k)
+    def propose(self, contexts, max_ks):
+        proposal = self.inner.propose(contexts, max_ks)
         self.drafted += int(proposal.num_tokens.sum())
         return proposal
 

@@ -10,7 +10,7 @@ from specdec.analysis.lossless import homogeneity_test
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
 from specdec.engine.goodput import GoodputK
-from specdec.proposers.registry import build_batch_proposer
+from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
 
 from test_batch import PROMPTS
@@ -80,7 +80,7 @@ def models():
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_goodput_k_keeps_greedy_output_equal_to_each_request_alone(models, tokenizer, method):
     target, draft = make_native(models[0], batch_size=3), make_native(models[1], batch_size=3)
-    engine = BatchEngine(target, build_batch_proposer(method, slots=3, draft_runner=draft), tokenizer, k="auto",
+    engine = BatchEngine(target, build_proposer(method, slots=3, draft_runner=draft), tokenizer, k="auto",
                          max_k=6)
     plain = SpecEngine(make_native(models[0]), None, tokenizer)
     params = SamplingParams(temperature=0)
@@ -98,7 +98,7 @@ def test_goodput_k_sampling_is_lossless(models, tokenizer):
     outcomes = {}
     for method in ("draft", "autoregressive"):
         target, draft = make_native(models[0], batch_size=6), make_native(models[1], batch_size=6)
-        engine = BatchEngine(target, build_batch_proposer(method, slots=6, draft_runner=draft), tokenizer,
+        engine = BatchEngine(target, build_proposer(method, slots=6, draft_runner=draft), tokenizer,
                              k="auto" if method == "draft" else 1, max_k=4)
         requests = {i: engine.make_request("the cat", SamplingParams(temperature=1.0, seed=500 + i),
                                            max_new_tokens=3, ignore_eos=True) for i in range(240)}

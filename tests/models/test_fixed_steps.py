@@ -18,7 +18,7 @@ from specdec.engine.batch import BatchEngine
 from specdec.models.native.runner import CUDA_STEP_TOKENS, NativeRunner
 from specdec.proposers import DraftModelProposer, NgramProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
-from specdec.proposers.registry import build_batch_proposer
+from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
 from specdec.sampling.tree import tree_attention_mask
 
@@ -111,7 +111,7 @@ def test_batched_rows_on_padded_runners_equal_each_alone(tokenizer, replaying, r
     target = make_native(model, batch_size=3, step_tokens=STEP)
     if replayed:
         replaying(target)
-    engine = BatchEngine(target, build_batch_proposer("ngram", slots=3), tokenizer, k=4)
+    engine = BatchEngine(target, build_proposer("ngram", slots=3), tokenizer, k=4)
     requests = {i: engine.make_request(p, params, max_new_tokens=30, ignore_eos=True) for i, p in enumerate(prompts)}
     got = run_all(engine, requests)
     plain = SpecEngine(make_native(model), None, tokenizer, eos_token_ids=frozenset())

@@ -23,9 +23,8 @@ class TimedRunner:
         self.forward_s = 0.0
         self.forwards = 0
 
-    @property
-    def seq_len(self) -> int:
-        return self.runner.seq_len
+    def __getattr__(self, name):  # everything but the timed forward is the runner's (rows, keep_path, ...)
+        return getattr(self.runner, name)
 
     def forward(self, token_ids, positions, **kwargs) -> ForwardOutput:
         started = time.perf_counter()
@@ -33,15 +32,6 @@ class TimedRunner:
         self.forward_s += time.perf_counter() - started
         self.forwards += 1
         return out
-
-    def truncate(self, seq_lens: torch.Tensor | list[int], **kwargs) -> None:
-        self.runner.truncate(seq_lens, **kwargs)
-
-    def keep_path(self, *args, **kwargs) -> None:
-        self.runner.keep_path(*args, **kwargs)
-
-    def reset(self) -> None:
-        self.runner.reset()
 
 
 def copy_bandwidth_gbs(megabytes: int = 512, repeats: int = 7) -> float:

@@ -40,7 +40,8 @@ from specdec.engine.request import Request, TokenLogprob, check_generation_optio
 from specdec.engine.step import Row, commit_row, queue_hidden, run_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
-from specdec.proposers.batched import BatchProposer
+from specdec.proposers.base import Proposer
+from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling.params import SamplingParams
 
 
@@ -80,13 +81,13 @@ class StepInfo:
 class BatchEngine:
     """Speculative decoding of up to target.batch_size requests at a time.
 
-    >>> engine = BatchEngine(target.with_batch_size(8), BatchedDraftModelProposer(draft.with_batch_size(8)),
+    >>> engine = BatchEngine(target.with_batch_size(8), DraftModelProposer(draft.with_batch_size(8)),
     ...                      tokenizer, k=4)
     >>> engine.add("a", engine.make_request("def fib(n):", SamplingParams(), max_new_tokens=64))
     >>> while engine.running: updates = engine.step()
     """
 
-    def __init__(self, target: NativeRunner, proposer: BatchProposer | None = None, tokenizer: object | None = None,
+    def __init__(self, target: NativeRunner, proposer: BatchProposer | Proposer | None = None, tokenizer: object | None = None,
                  *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
                  spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8,
                  prompt_cache: bool = True) -> None:
@@ -104,7 +105,9 @@ class BatchEngine:
         # k "auto": each step's k from measured costs and each row's acceptance (engine/goodput.py)
         self.goodput = (GoodputK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
                         if k == "auto" else None)
-        self.target, self.proposer, self.tokenizer = target, proposer, tokenizer
+        if isinstance(proposer, Proposer) and target.batch_size != 1:
+            raise ValueError("a single-sequence proposer serves one row: build the proposer with slots=batch_size")
+        self.target, self.proposer, self.tokenizer = target, as_batch(proposer), tokenizer
         self.k = max_k if k == "auto" else k  # the most any row drafts in a step
         # Past this many running requests, steps draft nothing (vLLM's speculative_disable_by_batch_size):
         # a big batch already fills the hardware, and rejected drafts would only cost compute.

@@ -22,7 +22,7 @@ from specdec.engine.step import Row, StepResult, commit_row, queue_hidden, run_s
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
-from specdec.proposers.batched import RowwiseProposer
+from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling.params import SamplingParams
 
 
@@ -56,7 +56,7 @@ class SpecEngine:
     def __init__(
         self,
         target: ModelRunner,
-        proposer: Proposer | None = None,
+        proposer: Proposer | BatchProposer | None = None,
         tokenizer: object | None = None,
         *,
         k: int | str = 4,
@@ -68,8 +68,8 @@ class SpecEngine:
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
         self.target = target
         self.proposer = proposer
-        # The step's view of it: one row of a batch (proposers/batched.py).
-        self._row_proposer = None if proposer is None else RowwiseProposer(lambda: proposer, 1)
+        # The step's view of it: a batch of one row (a single-sequence Proposer, through a RowwiseProposer).
+        self._rows_proposer = as_batch(proposer)
         self.tokenizer = tokenizer
         self.k = k
         self.adaptive = AdaptiveK(max_k=max_k) if k == "auto" else None
@@ -203,7 +203,7 @@ class SpecEngine:
                 stats.first_token_s = time.perf_counter() - request_started
             yield kept
         if self.proposer is not None:  # what was written (suffix decoding's cache learns across requests)
-            self.proposer.end_request(request.prompt_ids, request.generated)
+            self._rows_proposer.end_row(0, request.prompt_ids, request.generated)
         if self.reuse_prefix:  # the cache holds the committed tokens' keys up to its length
             cached = min(self.target.seq_len, len(row.tokens))
             self._cached = (self.target.cache_version, row.tokens[:cached])
@@ -213,11 +213,11 @@ class SpecEngine:
         next request runs as if it were the first (the bench measures requests alone this way)."""
         self._cached = None
         if self.proposer is not None:
-            self.proposer.forget_earlier_requests()
+            self._rows_proposer.forget_earlier_requests()
 
     def _start_request(self) -> None:
         if self.proposer is not None:
-            self.proposer.reset()
+            self._rows_proposer.start_row(0)
         if self.adaptive is not None:
             self.adaptive.start_request()
 
@@ -228,7 +228,7 @@ class SpecEngine:
 
     def _unread_tokens(self, context_len: int) -> int:
         """What the proposer must still read before it drafts (Proposer.unread_tokens; 0 where it keeps no state)."""
-        return 0 if self.proposer is None else self.proposer.unread_tokens(context_len)
+        return 0 if self.proposer is None else self._rows_proposer.unread_tokens(0, context_len)
 
     def _prefill(self, row: Row) -> int:
         """A target cache holding every token but the last, which opens the first step; returns how
@@ -265,13 +265,13 @@ class SpecEngine:
     def _step(self, row: Row, max_k: int) -> StepResult:
         """The shared step over this one row; then AdaptiveK and a tree budget learn from it."""
         unread = self._unread_tokens(len(row.tokens)) if max_k >= 1 else 0
-        result = run_step(self.target, self._row_proposer, [row], [max_k])
+        result = run_step(self.target, self._rows_proposer, [row], [max_k])
         # Context the proposer read in this step: a catch-up step's tokens, where it drafted nothing.
         caught_up = unread - self._unread_tokens(len(row.tokens)) if max_k >= 1 else 0
         if self.adaptive is not None:
             self.adaptive.record(drafted=result.drafted[0], accepted=result.accepted[0], draft_s=result.propose_s,
                                  verified_tokens=result.width + 1, verify_s=result.verify_s, caught_up=caught_up)
-        if result.trees[0] is not None and self.proposer.tree_budget is not None:  # --tree-size auto
-            self.proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
+        if result.trees[0] is not None and self._rows_proposer.tree_budget is not None:  # --tree-size auto
+            self._rows_proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
                                              accepted=result.accepted[0])
         return result

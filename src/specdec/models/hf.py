@@ -14,6 +14,8 @@ from specdec.models.runner import ForwardOutput
 
 
 class HFRunner:
+    batch_size = 1  # cache rows
+
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -24,6 +26,10 @@ class HFRunner:
     @property
     def seq_len(self) -> int:
         return self._cache.get_seq_length()
+
+    def row_lengths(self, rows: slice | None = None) -> list[int]:
+        _check_one_row(rows)
+        return [self.seq_len]
 
     @torch.inference_mode()
     def forward(

@@ -1,49 +1,81 @@
-"""ngram+draft: the n-gram proposer first, the draft model only when it finds no match.
+"""ngram+draft: the n-gram proposer first, the draft model only for the rows it finds no match for.
 
-Copying steps cost nothing to draft; free-text steps still get a model's
-guesses. Each step is proposed by exactly one of the two, so verification is
-unchanged: n-gram drafts are point masses (probs None), draft-model drafts
-carry their distribution, and rejection_sample is exact for both.
-
-The draft model does not see the steps the n-gram proposer handled; its next
-propose() feeds the committed tokens it has missed in one catch-up forward
-(DraftModelProposer step 1), so nothing here has to keep the two in sync.
+Copying steps cost nothing to draft; free-text steps still get a model's guesses. Each row's step
+is proposed by exactly one of the two, so verification is unchanged: n-gram drafts are point
+masses (probs None), draft-model drafts carry their distribution, and rejection_sample is exact
+for both. The rows that copied take k = 0 in the draft model's call, so their generators are
+untouched, and the draft model only learns of copied steps at its next catch-up (draft_model.py
+feeds the committed tokens a row has missed): each row proposes exactly what it would alone, and
+nothing here has to keep the two in sync.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.proposers.batched import BatchProposer, as_batch, pad_proposals
+from specdec.proposers.draft_model import DraftModelProposer
 
 
-class NgramThenDraftProposer(Proposer):
-    def __init__(self, ngram: Proposer, draft: Proposer, draft_max_k: int | None = None) -> None:
+class NgramThenDraftProposer(BatchProposer):
+    """ngram: an n-gram Proposer (one row) or a RowwiseProposer of them (one per row of the draft's);
+    draft_max_k caps the draft model's tokens per step (a model's guesses decay faster than copied spans)."""
+
+    def __init__(self, ngram: Proposer | BatchProposer, draft: DraftModelProposer, draft_max_k: int | None = None) -> None:
         if draft_max_k is not None and (isinstance(draft_max_k, bool) or not isinstance(draft_max_k, int)
                                         or draft_max_k < 1):
             raise ValueError(f"draft_max_k must be an integer >= 1 or None, got {draft_max_k!r}")
-        self.ngram, self.draft = ngram, draft
-        self.draft_max_k = draft_max_k  # a model's guesses decay faster than copied spans
-        self._last: Proposer | None = None  # who proposed the step being verified
-        self.steps_by_ngram = 0
-        self.steps_by_draft = 0
+        if isinstance(ngram, Proposer) and draft.slots != 1:
+            raise ValueError("one n-gram proposer serves one row: give a RowwiseProposer for a batch")
+        self.ngram = as_batch(ngram)
+        self.draft, self.draft_max_k = draft, draft_max_k
+        self._copied: list[bool] = []  # rows whose step the n-gram lookup proposed
+        self._drafted = False  # whether the draft model proposed this step (its on_verified is due)
+        self.steps_by_ngram = self.steps_by_draft = 0  # row-steps each proposed
+        self.steps_mixed = 0  # steps where some rows copied and others drafted with the model
 
-    def reset(self) -> None:
-        self.ngram.reset()
-        self.draft.reset()
-        self._last = None
-        self.steps_by_ngram = self.steps_by_draft = 0
+    def start_row(self, row: int) -> None:
+        self.ngram.start_row(row)
+        self.draft.start_row(row)
 
-    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
-        proposal = self.ngram.propose(ctx, max_k)
-        if int(proposal.num_tokens[0]) > 0:
-            self._last = self.ngram
-            self.steps_by_ngram += 1
-            return proposal
-        self._last = self.draft
-        self.steps_by_draft += 1
-        return self.draft.propose(ctx, min(max_k, self.draft_max_k or max_k))
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
+        copied = self.ngram.propose(contexts, max_ks)
+        self._copied = [bool(n > 0) for n in copied.num_tokens.tolist()]
+        draft_ks = [0 if by_ngram else min(max_k, self.draft_max_k or max_k)
+                    for by_ngram, max_k in zip(self._copied, max_ks)]
+        self.steps_by_ngram += sum(self._copied)
+        self.steps_by_draft += sum(k > 0 for k in draft_ks)
+        self._drafted = max(draft_ks, default=0) >= 1
+        if not self._drafted:
+            return copied
+        drafted = self.draft.propose(contexts, draft_ks)
+        self.steps_mixed += any(self._copied)
+        if not any(self._copied):
+            return drafted
+        device = contexts[0].token_ids.device
+        return pad_proposals([_row_of(copied if by_ngram else drafted, row) for row, by_ngram in enumerate(self._copied)],
+                             contexts[0].vocab_size, device)
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
-        if self._last is not None:
-            self._last.on_verified(num_accepted)
+        self.ngram.on_verified(num_accepted)
+        if self._drafted:  # a copied row's draft cache keeps its context only: it catches up next time
+            accepted = num_accepted.reshape(-1).clone()
+            accepted[torch.tensor(self._copied[:len(accepted)], dtype=torch.bool)] = 0
+            self.draft.on_verified(accepted)
+
+    def end_row(self, row: int, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        self.ngram.end_row(row, prompt_ids, output_ids)
+
+    def move_row(self, source: int, destination: int) -> None:
+        self.ngram.move_row(source, destination)
+        self.draft.move_row(source, destination)
+
+
+def _row_of(proposal: DraftProposal, row: int) -> DraftProposal:
+    """Row `row` of a batched proposal, trimmed to its real tokens."""
+    count = int(proposal.num_tokens[row])
+    return DraftProposal(proposal.token_ids[row:row + 1, :count], proposal.num_tokens[row:row + 1],
+                         None if proposal.probs is None else proposal.probs[row:row + 1, :count])

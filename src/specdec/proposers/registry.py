@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
-from specdec.proposers.batched import (BatchedDraftModelProposer, BatchedNgramThenDraftProposer, BatchProposer,
-                                       RowwiseProposer)
+from specdec.proposers.batched import BatchProposer, RowwiseProposer
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
@@ -95,6 +96,7 @@ def check_proposer_options(
 def build_proposer(
     method: str,
     *,
+    slots: int = 1,
     draft_runner: ModelRunner | None = None,
     ngram_max: int = 3,
     ngram_min: int = 1,
@@ -109,9 +111,13 @@ def build_proposer(
     suffix: SuffixOptions | None = None,
     suffix_cache: SuffixCache | None = None,  # shared across engines; default: a new one from `suffix`
     lookahead: LookaheadOptions | None = None,
-) -> Proposer | None:
-    """None means plain decoding: the engine then drafts nothing.
+) -> Proposer | BatchProposer | None:
+    """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's); None means
+    plain decoding: the engine then drafts nothing.
 
+    A method that keeps state per request (n-gram, suffix, lookahead, the heads) gets one proposer
+    per row (RowwiseProposer; suffix decoding's cache and a head's weights are shared by the rows);
+    the draft model is batch-native (draft_runner: one cache row per slot).
     draft_k caps the draft model's tokens per step in ngram+draft (default: the engine's k).
     adaptive (`--k auto`): the draft model stops below draft_confidence, the n-gram
     proposal length follows the match length.
@@ -121,24 +127,37 @@ def build_proposer(
     if method == "autoregressive":
         return None
 
+    def per_row(make: Callable[[], Proposer]) -> Proposer | BatchProposer:
+        return make() if slots == 1 else RowwiseProposer(make, slots)
+
     def ngram() -> NgramProposer:
         return NgramProposer(ngram_max, ngram_min, ngram_tie_break, follow_match=adaptive)
 
     if method == "ngram":
-        return ngram()
+        return per_row(ngram)
     if method == "suffix":
-        return SuffixProposer(suffix_cache, suffix)
+        options = suffix or SuffixOptions()
+        cache = suffix_cache if suffix_cache is not None else options.new_cache()
+        return per_row(lambda: SuffixProposer(cache, options))
     if method == "lookahead":
-        return LookaheadProposer(lookahead)
+        return per_row(lambda: LookaheadProposer(lookahead))
     if head_kind(method) is not None:
-        return _head_proposer(method, head, head_vocabulary,
-                              DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size, tree_topk)
+        size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
+        if size == "auto" and slots > 1:
+            raise ValueError("--tree-size auto weighs one request's verification costs; the server verifies many "
+                             "rows in one forward: give it a number (--tree-size N)")
+        first = _head_proposer(method, head, head_vocabulary, size, tree_topk)  # the clear errors, before copies
+        return first if slots == 1 else RowwiseProposer(lambda: _head_proposer(method, head, head_vocabulary, size,
+                                                                               tree_topk), slots)
     if draft_runner is None:
         raise ValueError(f"method {method!r} needs a draft model (--draft)")
+    if getattr(draft_runner, "batch_size", 1) != slots:
+        raise ValueError(f"the draft model needs one cache row per slot ({slots}): a native runner's "
+                         "with_batch_size(slots)")
     draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None)
     if method == "draft":
         return draft
-    return NgramThenDraftProposer(ngram(), draft, draft_k)
+    return NgramThenDraftProposer(per_row(ngram), draft, draft_k)
 
 
 def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int) -> Proposer:
@@ -157,53 +176,3 @@ def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int
         raise ValueError("--tree-size auto sizes EAGLE-2 trees (eagle-tree, eagle3-tree) from the head's confidence; "
                          "give medusa a number")
     return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
-
-
-def build_batch_proposer(
-    method: str,
-    *,
-    slots: int,
-    draft_runner=None,  # a NativeRunner with `slots` rows
-    ngram_max: int = 3,
-    ngram_min: int = 1,
-    ngram_tie_break: str = "recent",
-    suffix: SuffixOptions | None = None,
-    suffix_cache: SuffixCache | None = None,
-    lookahead: LookaheadOptions | None = None,
-    draft_k: int | None = None,
-    head=None,  # models.heads.LoadedHead, for eagle / eagle3 / their trees / medusa
-    head_vocabulary=None,
-    tree_size: int | None = None,
-    tree_topk: int = 4,
-) -> BatchProposer | None:
-    """The proposer of engine/batch.py's BatchEngine; None means plain decoding.
-    suffix: every row drafts trees, as alone, from one shared cache; a head method: one proposer
-    per row (its own small cache) over one head's weights, chains or trees as alone; lookahead:
-    one Jacobi window and n-gram pool per row, its tokens riding in the step's forward as alone."""
-    check_method(method)
-    check_ngram_args(ngram_max, ngram_min, ngram_tie_break)
-    if method == "autoregressive":
-        return None
-    if head_kind(method) is not None:
-        if tree_size == "auto":
-            raise ValueError("--tree-size auto weighs one request's verification costs; the server verifies many "
-                             "rows in one forward: give it a number (--tree-size N)")
-        size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
-        _head_proposer(method, head, head_vocabulary, size, tree_topk)  # the clear errors, before `slots` copies
-        return RowwiseProposer(lambda: _head_proposer(method, head, head_vocabulary, size, tree_topk), slots)
-    if method == "ngram":
-        return RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
-    if method == "lookahead":
-        return RowwiseProposer(lambda: LookaheadProposer(lookahead), slots)
-    if method == "suffix":
-        options = suffix or SuffixOptions()
-        cache = suffix_cache if suffix_cache is not None else options.new_cache()
-        return RowwiseProposer(lambda: SuffixProposer(cache, options), slots)
-    if draft_runner is None:
-        raise ValueError(f"method {method!r} needs a draft model (--draft)")
-    if getattr(draft_runner, "batch_size", None) != slots:
-        raise ValueError("the batched draft proposer needs a native draft runner with one cache row per slot")
-    if method == "ngram+draft":
-        ngram = RowwiseProposer(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break), slots)
-        return BatchedNgramThenDraftProposer(ngram, BatchedDraftModelProposer(draft_runner), draft_k)
-    return BatchedDraftModelProposer(draft_runner)

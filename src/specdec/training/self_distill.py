@@ -75,7 +75,7 @@ def generate_answers(runner, tokenizer, prompts: list[str], cache: Path, *, max_
     from tqdm.auto import tqdm
 
     from specdec.engine.batch import BatchEngine
-    from specdec.proposers.registry import build_batch_proposer
+    from specdec.proposers.registry import build_proposer
     from specdec.sampling import SamplingParams
 
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +86,7 @@ def generate_answers(runner, tokenizer, prompts: list[str], cache: Path, *, max_
                disable=not progress, file=sys.stderr)
     if todo:
         batch_runner = runner.with_batch_size(slots)
-        engine = BatchEngine(batch_runner, build_batch_proposer("ngram", slots=slots), tokenizer, k=4,
+        engine = BatchEngine(batch_runner, build_proposer("ngram", slots=slots), tokenizer, k=4,
                              eos_token_ids=eos_token_ids)
         texts: dict[int, list[str]] = {}
         queue = list(todo)
