@@ -281,7 +281,7 @@ class BatchEngine:
 
     def _select_features(self) -> None:
         """The target's forward hands over what the proposer reads (EAGLE-3: inner layers). Set before
-        every forward, as SpecEngine does per request: other engines may share the target's weights."""
+        every prefill forward, as run_step does before every step's: other engines may share the target's weights."""
         if self._reads_hidden:
             select_target_features(self.target, self._feature_layers)
 

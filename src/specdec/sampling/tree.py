@@ -2,7 +2,7 @@
 verification along the tree (greedy, lossless sampling, Medusa's lossy typical acceptance).
 
 A tree of n drafted tokens hangs under the *root*, the last committed token,
-which opens the step (engine.py's cache convention). It is given by `parents`:
+which opens the step (engine/step.py's cache convention). It is given by `parents`:
 parents[i] is the index of node i's parent among the drafted nodes, or -1 for
 the root, with every parent listed before its children (topological order).
 Siblings are the candidates for the same position, most likely first.
