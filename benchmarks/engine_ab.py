@@ -6,7 +6,8 @@ Runs, greedy, on the embedded w4a8 pair:
   batch   BatchEngine tok/s with 1 and 4 rows (plain, ngram and the draft model, -k auto), four
           prompts of 48 tokens fed through the rows, median over --reps (after one warm-up);
 and prints one JSON line with those medians and a hash of every output token, which two trees
-that decode exactly alike must share (at the same --reps: every repeat's tokens go into it). Compare trees by alternating processes on one machine, e.g.
+that decode exactly alike must share (at the same --reps: every repeat's tokens go into it).
+Compare trees by alternating processes on one machine, e.g.
 
   git worktree add /tmp/before HEAD~1
   for tree in /tmp/before . . /tmp/before; do PYTHONPATH=$tree/src python benchmarks/engine_ab.py; done

@@ -56,7 +56,8 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
     return target, draft
 
 
-def proposer_for(config: SpecConfig, target, draft=None, *, heads: dict | None = None) -> Proposer | BatchProposer | None:
+def proposer_for(config: SpecConfig, target, draft=None, *,
+                 heads: dict | None = None) -> Proposer | BatchProposer | None:
     """The method's proposer over loaded models (None: plain decoding).
 
     heads: a dict shared across calls so that a grid of k values loads each head once."""

@@ -97,6 +97,7 @@ def test_the_batch_hooks_defaults_do_nothing():
 
     proposer = Nothing()
     assert proposer.unread_tokens(0, 100) == 0 and proposer.tree_budget is None
-    for hook, args in [("on_verified", (torch.tensor([1]),)), ("start_row", (0,)), ("read_lookahead", (0, torch.zeros(1, 4))),
-                       ("end_row", (0, [1], [2])), ("move_row", (1, 0)), ("forget_earlier_requests", ())]:
+    for hook, args in [("on_verified", (torch.tensor([1]),)), ("start_row", (0,)),
+                       ("read_lookahead", (0, torch.zeros(1, 4))), ("end_row", (0, [1], [2])), ("move_row", (1, 0)),
+                       ("forget_earlier_requests", ())]:
         assert getattr(proposer, hook)(*args) is None

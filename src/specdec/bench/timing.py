@@ -19,7 +19,6 @@ class TimedRunner:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.vocab_size, self.max_context, self.device = runner.vocab_size, runner.max_context, runner.device
         self.forward_s = 0.0
         self.forwards = 0
 

@@ -7,8 +7,9 @@ is engine/step.py's run_step over all rows together, the code SpecEngine runs
 over one: each row drafts up to its own cap (what it may still emit, the
 context, the goodput controller's k), one target forward verifies every row,
 each row accepts its own number of drafts and rolls back to its own length;
-then each row commits (commit_row), and finished rows leave. Row b draws exactly the random numbers it would draw alone, and its tokens
-depend only on its own context, so a request's output does not depend on what
+then each row commits (commit_row), and finished rows leave. Row b draws
+exactly the random numbers it would draw alone, and its tokens depend only
+on its own context, so a request's output does not depend on what
 else runs beside it (tests compare with SpecEngine).
 
 Prompt caching across requests: a finished request's cache row is kept in a free row, with the
@@ -36,7 +37,8 @@ import torch
 
 from specdec.engine.goodput import GoodputK
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request, TokenLogprob, check_generation_options, encode_prompt
+from specdec.engine.request import Request, TokenLogprob, check_generation_options, common_prefix_length, \
+    encode_prompt
 from specdec.engine.step import Row, commit_row, queue_hidden, run_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
@@ -87,8 +89,8 @@ class BatchEngine:
     >>> while engine.running: updates = engine.step()
     """
 
-    def __init__(self, target: NativeRunner, proposer: BatchProposer | Proposer | None = None, tokenizer: object | None = None,
-                 *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
+    def __init__(self, target: NativeRunner, proposer: BatchProposer | Proposer | None = None,
+                 tokenizer: object | None = None, *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
                  spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8,
                  prompt_cache: bool = True) -> None:
         """prompt_cache: keep finished requests' cache rows in free rows for later prompts that begin
@@ -385,10 +387,3 @@ class BatchEngine:
             self.target.move_row(first + later, first + later - 1)
         self._prefilling.pop(index)
 
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """How many leading tokens a and b share, at most limit."""
-    length, limit = 0, min(limit, len(a), len(b))
-    while length < limit and a[length] == b[length]:
-        length += 1
-    return length

@@ -17,7 +17,7 @@ import torch
 
 from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request, check_generation_options, encode_prompt
+from specdec.engine.request import Request, check_generation_options, common_prefix_length, encode_prompt
 from specdec.engine.step import Row, StepResult, commit_row, queue_hidden, run_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
@@ -151,20 +151,18 @@ class SpecEngine:
         self._prefill(prompt_row)
         for index in range(samples):
             step_params = replace(params, seed=seed + index)
-            row = Row(Request(ids, step_params, max_new_tokens=min_tokens), step_params.make_generator(self.target.device),
-                      list(ids), pending_hidden=prompt_row.pending_hidden)
+            generator = step_params.make_generator(self.target.device)
+            row = Row(Request(ids, step_params, max_new_tokens=min_tokens), generator, list(ids),
+                      pending_hidden=prompt_row.pending_hidden)
             self.target.truncate(torch.tensor([len(ids) - 1]))
             self._start_request()
-            drawn: list[int] = []
-            while len(drawn) < min_tokens:
+            while (drawn := len(row.tokens) - len(ids)) < min_tokens:
                 context_left = self.target.max_context - len(row.tokens)
                 if context_left <= 1:
                     raise ValueError("the prompt leaves no room in the context for the sampled tokens")
-                max_k = min(self._next_k(len(row.tokens), min_tokens - len(drawn)), context_left - 1)
-                kept = self._step(row, max_k).tokens[0]
-                drawn += kept
-                row.tokens += kept
-            yield drawn
+                max_k = min(self._next_k(len(row.tokens), min_tokens - drawn), context_left - 1)
+                row.tokens += self._step(row, max_k).tokens[0]
+            yield row.tokens[len(ids):]
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -255,12 +253,7 @@ class SpecEngine:
         last request, untouched since: the common prefix of the two token lists."""
         if not self.reuse_prefix or self._cached is None or self._cached[0] != self.target.cache_version:
             return 0
-        common = 0
-        for a, b in zip(self._cached[1], tokens[:-1]):
-            if a != b:
-                break
-            common += 1
-        return common
+        return common_prefix_length(self._cached[1], tokens, len(tokens) - 1)
 
     def _step(self, row: Row, max_k: int) -> StepResult:
         """The shared step over this one row; then AdaptiveK and a tree budget learn from it."""

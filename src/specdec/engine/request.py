@@ -61,6 +61,14 @@ def check_generation_options(max_new_tokens: int, stop: Sequence[str] | str) -> 
     return tuple(stop)
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most limit (both engines' prompt caches)."""
+    length, limit = 0, min(limit, len(a), len(b))
+    while length < limit and a[length] == b[length]:
+        length += 1
+    return length
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """One committed token's log-probability under the target, and the `top` most likely

@@ -100,6 +100,8 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
     layout = step_layout(torch.cat([last, draft_ids.clamp_min(0)], dim=1), trees,
                          proposal.row_lookahead or (None,) * batch, room)
     positions = torch.tensor(lengths, device=device)[:, None] - 1 + layout.offsets.to(device)
+    # Rectangular, [B, k+1]: a ragged forward (the decoder's `valid`) measured slower at 2-8 clients on the
+    # Zen 4 EPYC (benchmarks/results/serve-goodput/ragged).
     if reads_hidden:
         select_target_features(target, proposer.target_layers)
     if layout.among_new is None:  # chains: the causal forward every runner has (the transformers one too)

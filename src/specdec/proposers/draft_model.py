@@ -172,7 +172,8 @@ class DraftModelProposer(BatchProposer):
         self._fed_drafts[:batch] = [0 if idle[row] else fed for row in range(batch)]
         width = max(drafted)
         num_tokens = torch.tensor(drafted, dtype=torch.int64, device=device)
-        token_ids = torch.where(torch.arange(width, device=device)[None] < num_tokens[:, None], draft_ids[:, :width], -1)
+        real = torch.arange(width, device=device)[None] < num_tokens[:, None]
+        token_ids = torch.where(real, draft_ids[:, :width], -1)
         return DraftProposal(token_ids, num_tokens, None if draft_probs is None else draft_probs[:, :width])
 
     def _read(self, ctx: ProposeContext, row: int, start: int, stop: int) -> None:

@@ -24,7 +24,8 @@ class NgramThenDraftProposer(BatchProposer):
     """ngram: an n-gram Proposer (one row) or a RowwiseProposer of them (one per row of the draft's);
     draft_max_k caps the draft model's tokens per step (a model's guesses decay faster than copied spans)."""
 
-    def __init__(self, ngram: Proposer | BatchProposer, draft: DraftModelProposer, draft_max_k: int | None = None) -> None:
+    def __init__(self, ngram: Proposer | BatchProposer, draft: DraftModelProposer,
+                 draft_max_k: int | None = None) -> None:
         if draft_max_k is not None and (isinstance(draft_max_k, bool) or not isinstance(draft_max_k, int)
                                         or draft_max_k < 1):
             raise ValueError(f"draft_max_k must be an integer >= 1 or None, got {draft_max_k!r}")
@@ -56,8 +57,8 @@ class NgramThenDraftProposer(BatchProposer):
         if not any(self._copied):
             return drafted
         device = contexts[0].token_ids.device
-        return pad_proposals([_row_of(copied if by_ngram else drafted, row) for row, by_ngram in enumerate(self._copied)],
-                             contexts[0].vocab_size, device)
+        rows = [_row_of(copied if by_ngram else drafted, row) for row, by_ngram in enumerate(self._copied)]
+        return pad_proposals(rows, contexts[0].vocab_size, device)
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
         self.ngram.on_verified(num_accepted)
