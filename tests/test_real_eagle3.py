@@ -4,8 +4,8 @@ vLLM: test_real_vllm.py."""
 
 import pytest
 
-from real_models import EAGLE3_QUICK_HEAD, SERVED_PROMPTS, SHORT_PROMPTS, WITH_LONG_PROMPT, \
-    assert_every_prompt_equal, quick_heads_fixture
+from real_models import CODE_PROMPT, EAGLE3_QUICK_HEAD, LONG_PROMPT, SERVED_PROMPTS, assert_every_prompt_equal, \
+    quick_heads_fixture
 
 pytestmark = pytest.mark.integration  # one test process runs this file (conftest.py)
 
@@ -19,7 +19,7 @@ def quick_heads(qwen_pair, plain_references, tmp_path_factory, request):
                                **EAGLE3_QUICK_HEAD)
 
 
-@pytest.mark.parametrize("method,prompts", [("eagle3", SHORT_PROMPTS), ("eagle3-tree", WITH_LONG_PROMPT)],
+@pytest.mark.parametrize("method,prompts", [("eagle3", SERVED_PROMPTS), ("eagle3-tree", [CODE_PROMPT, LONG_PROMPT])],
                          ids=["eagle3", "eagle3-tree"])
 def test_real_target_eagle3_greedy_equals_plain(qwen_pair, plain_references, quick_heads, method, prompts):
     from specdec.models.heads import load_head_for

@@ -4,7 +4,7 @@ vLLM: test_real_eagle3.py (another test process can run it meanwhile)."""
 
 import pytest
 
-from real_models import CODE_PROMPT, PROSE_PROMPT, SHORT_PROMPTS, WITH_LONG_PROMPT, assert_every_prompt_equal, \
+from real_models import CODE_PROMPT, HEAD_CHAIN_PROMPTS, HEAD_TREE_PROMPTS, PROSE_PROMPT, assert_every_prompt_equal, \
     quick_heads_fixture
 
 pytestmark = pytest.mark.integration  # one test process runs this file (conftest.py)
@@ -18,9 +18,8 @@ def quick_heads(qwen_pair, plain_references, tmp_path_factory):
                                self_distilled_prompts=[CODE_PROMPT, PROSE_PROMPT])
 
 
-# The tree at the long prompt: the head's own cache and the tree's cache compaction past the first growth.
-@pytest.mark.parametrize("method,prompts", [("eagle", SHORT_PROMPTS), ("eagle-tree", WITH_LONG_PROMPT),
-                                            ("medusa", SHORT_PROMPTS)], ids=["eagle", "eagle-tree", "medusa"])
+@pytest.mark.parametrize("method,prompts", [("eagle", HEAD_CHAIN_PROMPTS), ("eagle-tree", HEAD_TREE_PROMPTS),
+                                            ("medusa", HEAD_CHAIN_PROMPTS)], ids=["eagle", "eagle-tree", "medusa"])
 def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references, quick_heads, method, prompts):
     from specdec.models.heads import load_head_for
     from specdec.proposers.registry import build_proposer, head_kind
