@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("other", type=Path, help="another version's w4a8.cpp")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 9, 17])
     parser.add_argument("--passes", type=int, default=11)
+    parser.add_argument("--other-path", choices=list(ISA_PATHS),
+                        help="the other version's instruction-set path (default: this process's, as ours); "
+                             "e.g. avx512_vnni for a version from before the amx path")
     args = parser.parse_args()
     other = build_other(args.other)
     ours = torch.ops.specdec_w4a8
@@ -75,6 +78,7 @@ def main() -> None:
     runner = target.runner
     linears = [module for module in runner.decoder.modules() if isinstance(module, W4A8Linear)]
     isa = ISA_PATHS[linears[0].path]
+    other_isa = ISA_PATHS[args.other_path] if args.other_path else isa
     generator = torch.Generator().manual_seed(0)
 
     # Projections: both versions' packings of the same random weights, allocated side by side.
@@ -89,8 +93,8 @@ def main() -> None:
 
         def projections(version: int, op) -> None:
             for linear, *packed in packs:
-                op.linear(inputs[linear.in_features], *packed[version], linear.bias, isa, linear.out_features,
-                          linear.dtype)
+                op.linear(inputs[linear.in_features], *packed[version], linear.bias, other_isa if version else isa,
+                          linear.out_features, linear.dtype)
 
         medians = interleaved({"ours": lambda: projections(0, ours), "other": lambda: projections(1, other)},
                               args.passes)
@@ -112,7 +116,7 @@ def main() -> None:
         if not use_other[0]:
             return original(self, x, isa)
         rows = x.reshape(-1, self.in_features)
-        out = other.linear(rows, *self.other_packed, self.bias, ISA_PATHS[self.path] if isa is None else isa,
+        out = other.linear(rows, *self.other_packed, self.bias, other_isa if isa is None else isa,
                            self.out_features, self.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
