@@ -1,0 +1,40 @@
+"""What the batched engine's tests share (test_batch.py, test_batch_prefill.py): prompts, the
+tiny pair, and each method's engine alone and batched."""
+
+from __future__ import annotations
+
+from conftest import make_model, make_native
+from specdec.engine import SpecEngine
+from specdec.engine.batch import BatchEngine
+from specdec.proposers import DraftModelProposer, NgramProposer
+from specdec.proposers.hybrid import NgramThenDraftProposer
+from specdec.proposers.lookahead import LookaheadProposer
+from specdec.proposers.registry import build_proposer
+from specdec.proposers.suffix import SuffixOptions, SuffixProposer
+
+PROMPTS = ["the quick brown fox", "a", "hello hello hello hello", "abc abc abc, abc abc", "why? because.",
+           "one two three four five six seven"]
+SLOTS = 3
+NO_CACHE = SuffixOptions(cache_requests=0)
+
+
+def tiny_pair():
+    """A target and a one-layer draft, tiny and random (conftest.make_model): each test module's
+    `models` fixture."""
+    return make_model(seed=0, random_bias=True), make_model(seed=1, layers=1, random_bias=True)
+
+
+def single_engine(models, tokenizer, method, k=3):
+    target, draft = make_native(models[0]), make_native(models[1])
+    proposer = {"autoregressive": None, "draft": DraftModelProposer(draft), "ngram": NgramProposer(),
+                # Trees, as the batched engine drafts them; no cache of earlier outputs, whose contents
+                # depend on the order requests finish in (the server's cache: its own test).
+                "suffix": SuffixProposer(options=NO_CACHE), "lookahead": LookaheadProposer(),
+                "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft))}[method]
+    return SpecEngine(target, proposer, tokenizer, k=k)
+
+
+def batched_engine(models, tokenizer, method, k=3, slots=SLOTS):
+    target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
+    proposer = build_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
+    return BatchEngine(target, proposer, tokenizer, k=k)
