@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from specdec.analysis.roofline import cost_curve, multiply_adds, weight_bytes
+from specdec.analysis.roofline import cost_curve, last_level_cache_bytes, measure_bandwidth, multiply_adds, weight_bytes
 from specdec.models.native import NativeRunner, kernels
 from specdec.models.native.invariance import QWEN2_5_1_5B_LAYER, random_decoder
 from specdec.models.native.w4a8 import ISA_PATHS, isa_path
@@ -64,3 +64,24 @@ def test_cost_curve_drops_widths_past_the_context():
     runner = NativeRunner(random_decoder(TINY, dtype=torch.float32), max_context=48)
     curve = cost_curve(runner, context=40, tokens=(1, 5, 9), repeats=1)
     assert [row.tokens for row in curve.rows] == [1, 5]
+
+
+def test_the_bandwidth_buffer_outgrows_the_last_level_cache(tmp_path, monkeypatch):
+    """The weight floor's bandwidth must come from memory, not cache: four times the largest cache
+    sysfs reports (VMs on 480 MB-L3 hosts report it), 256 MB at least."""
+    for index, size in enumerate(["48K", "2048K", "491520K"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 491520 * 2**10
+    assert last_level_cache_bytes(tmp_path / "absent") == 0
+    import specdec.analysis.roofline as roofline
+
+    allocated = []
+    real_ones = torch.ones
+    monkeypatch.setattr(roofline.torch, "ones", lambda n: allocated.append(n * 4) or real_ones(16))
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 100 * 2**20)
+    measure_bandwidth(repeats=1)
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 0)
+    measure_bandwidth(repeats=1)
+    assert allocated == [400 * 2**20, 256 * 2**20]
+
