@@ -79,7 +79,7 @@ def test_batched_suffix_rows_share_one_cache_of_earlier_outputs(models, tokenize
 
     def recording_propose(contexts, max_ks):
         proposal = propose(contexts, max_ks)
-        with_trees.append(proposal.row_parents is not None)
+        with_trees.append(proposal.trees is not None)
         return proposal
 
     proposer.propose = recording_propose

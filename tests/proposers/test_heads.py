@@ -2,8 +2,6 @@
 drafting with them (chains and trees) is lossless: greedy equals plain decoding, sampling
 keeps the target's distribution."""
 
-from pathlib import Path
-
 import pytest
 import torch
 from conftest import make_model, make_native, run_all
@@ -11,7 +9,7 @@ from conftest import make_model, make_native, run_all
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
-from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, frozen_vocabulary, load_head, save_head
+from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
 from specdec.models.hf import HFRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import RowwiseProposer
@@ -262,7 +260,7 @@ def test_an_eagle_tree_is_a_proper_tree_within_its_budget(target, vocab, eagle):
     target.reset()
     ctx = ProposeContext(tokens, SamplingParams(), None, target.vocab_size, target_hidden=output.hidden)
     proposal = proposer.propose(ctx, 4)
-    parents = proposal.parents
+    parents = proposal.tree()
     assert len(parents) == 9 and proposal.token_ids.shape == (1, 9)
     assert all(-1 <= p < i for i, p in enumerate(parents))
     assert max(parents) >= 0  # deeper than one layer

@@ -126,7 +126,7 @@ def test_the_proposer_drafts_from_earlier_requests_and_follows_the_match_length(
     proposer.end_request([9], [20, 21, 22, 23, 24, 25])
     proposer.reset()
     short = proposer.propose(_ctx([9, 10, 20]), 8)  # "20" matched: 1 token earns 1 draft
-    assert short.token_ids.tolist() == [[21]] and short.parents is None
+    assert short.token_ids.tolist() == [[21]] and short.tree() is None
     proposer.reset()
     longer = proposer.propose(_ctx([9, 20, 21, 22]), 8)  # "20 21 22" matched: 3 drafts
     assert longer.token_ids.tolist() == [[23, 24, 25]]
@@ -138,9 +138,9 @@ def test_competing_continuations_make_a_tree_and_chains_when_batched():
     for output in ([5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 9, 9]):
         cache.add(output)
     tree = SuffixProposer(cache, SuffixOptions(max_depth=8, spec_factor=2.0)).propose(_ctx([1, 5, 6]), 8)
-    assert tree.token_ids.tolist() == [[7, 8, 9, 9]] and tree.parents == (-1, 0, -1, 2)
+    assert tree.token_ids.tolist() == [[7, 8, 9, 9]] and tree.tree() == (-1, 0, -1, 2)
     chain = SuffixProposer(cache, SuffixOptions(max_depth=8, spec_factor=2.0), trees=False).propose(_ctx([1, 5, 6]), 8)
-    assert chain.token_ids.tolist() == [[7, 8]] and chain.parents is None
+    assert chain.token_ids.tolist() == [[7, 8]] and chain.tree() is None
 
 
 @pytest.mark.parametrize("options", [dict(cache_requests=-1), dict(max_depth=1), dict(spec_factor=0),

@@ -92,13 +92,13 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
     proposal = proposal.truncated(room)  # a tree may hold more nodes than its depth: what the fullest row fits
     draft_ids = proposal.token_ids.to(device)  # [B, k]
     k = draft_ids.shape[1]
-    trees = proposal.row_parents or (None,) * batch
+    trees = proposal.trees or (None,) * batch
 
     # 2. One target forward over [last_token, *drafts] of every row, each at its own positions.
     proposed = time.perf_counter()
     last = torch.tensor([[row.tokens[-1]] for row in rows], device=device)  # [B, 1]
     layout = step_layout(torch.cat([last, draft_ids.clamp_min(0)], dim=1), trees,
-                         proposal.row_lookahead or (None,) * batch, room)
+                         proposal.lookaheads or (None,) * batch, room)
     positions = torch.tensor(lengths, device=device)[:, None] - 1 + layout.offsets.to(device)
     # Rectangular, [B, k+1]: a ragged forward (the decoder's `valid`) measured slower at 2-8 clients on the
     # Zen 4 EPYC (benchmarks/results/serve-goodput/ragged).
@@ -121,7 +121,8 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
     for b, row in enumerate(rows):
         width = drafted[b]
         probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
-        row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs, parents=trees[b])
+        row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
+                                     trees=None if trees[b] is None else (trees[b],))
         row_accepted, tokens, inputs = verify_proposal(row_proposal, logits[b:b + 1, :width + 1],
                                                        row.request.params, row.generator)
         accepted.append(row_accepted)
@@ -203,7 +204,7 @@ def verify_step(
 
 
 def verify_tree_step(
-    proposal: DraftProposal,  # one row, parents set
+    proposal: DraftProposal,  # one row, a tree (or a chain, under typical acceptance)
     target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each node
     params: SamplingParams,
     generator: torch.Generator | None,
@@ -214,7 +215,8 @@ def verify_tree_step(
         raise ValueError("lenience < 1 applies to chain drafts; tree drafts are verified exactly "
                          "(or with --typical-acceptance)")
     tokens = proposal.token_ids[0, : int(proposal.num_tokens[0])].tolist()
-    parents = list(proposal.parents) if proposal.parents is not None else list(range(-1, len(tokens) - 1))
+    tree = proposal.tree()
+    parents = list(tree) if tree is not None else list(range(-1, len(tokens) - 1))
     if params.typical_acceptance and not params.greedy:
         return typical_verify_tree(tokens, parents, warp_logits(target_logits, params)[0], generator)
     if params.greedy:
@@ -224,14 +226,14 @@ def verify_tree_step(
 
 
 def verify_proposal(
-    proposal: DraftProposal,  # one row, on the target's device: a chain (parents None) or a tree
+    proposal: DraftProposal,  # one row, on the target's device: a chain (no tree) or a tree
     target_logits: torch.Tensor,  # [1, n+1, V] raw, at the root and at each drafted input
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> tuple[int, list[int], list[int]]:
     """One row, chain or tree: (accepted drafts, the tokens to commit, the forward's inputs they came
     from, root first, for rollback and logprobs)."""
-    if proposal.parents is None and verifies_as_chain(params):
+    if proposal.tree() is None and verifies_as_chain(params):
         result = verify_step(proposal.token_ids, proposal.num_tokens, proposal.probs, target_logits, params, generator)
         accepted = int(result.num_accepted[0])  # host sync: commit code
         return accepted, result.output_ids[0, : accepted + 1].tolist(), list(range(accepted + 1))

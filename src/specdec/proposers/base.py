@@ -27,15 +27,19 @@ class DraftProposal:
     token_ids: torch.Tensor  # [B, k] int64, padded with -1
     num_tokens: torch.Tensor  # [B] int64; 0 means "no draft"
     probs: torch.Tensor | None  # [B, k, V] warped draft distribution; None = point mass
-    # A tree instead of a chain (one row only): parents[i] is node i's parent, -1 = the
-    # root (the last committed token); topological order (sampling/tree.py). None = a chain.
-    parents: tuple[int, ...] | None = None
-    lookahead: LookaheadInputs | None = None  # one row only
-    # A batch of B rows where some draft trees (the batched engine, proposers/batched.py): row b's
-    # parents, or None for a chain. None = every row a chain.
-    row_parents: tuple[tuple[int, ...] | None, ...] | None = None
-    # The same batch where some rows carry lookahead tokens: row b's, or None. None = no row does.
-    row_lookahead: tuple[LookaheadInputs | None, ...] | None = None
+    # Row b's draft tree, or None for a chain: trees[b][i] is node i's parent, -1 = the root (the
+    # last committed token), in topological order (sampling/tree.py). None = every row a chain.
+    trees: tuple[tuple[int, ...] | None, ...] | None = None
+    # Row b's lookahead tokens, or None. None = no row carries any.
+    lookaheads: tuple[LookaheadInputs | None, ...] | None = None
+
+    def tree(self, row: int = 0) -> tuple[int, ...] | None:
+        """Row's draft tree (its parents), or None for a chain."""
+        return None if self.trees is None else self.trees[row]
+
+    def lookahead(self, row: int = 0) -> LookaheadInputs | None:
+        """Row's lookahead tokens, or None."""
+        return None if self.lookaheads is None else self.lookaheads[row]
 
     @staticmethod
     def of_row(tokens: list[int], parents: Sequence[int] | None, device: torch.device | str,
@@ -43,21 +47,17 @@ class DraftProposal:
         """One row of drafted tokens (a chain, or a tree given by parents)."""
         return DraftProposal(token_ids=torch.tensor([tokens], dtype=torch.int64, device=device).reshape(1, -1),
                              num_tokens=torch.tensor([len(tokens)], dtype=torch.int64, device=device), probs=probs,
-                             parents=None if parents is None else tuple(parents), lookahead=lookahead)
+                             trees=None if parents is None else (tuple(parents),),
+                             lookaheads=None if lookahead is None else (lookahead,))
 
     def truncated(self, nodes: int) -> DraftProposal:
         """The first `nodes` drafts of every row: what fits the context's last positions. A tree's
         nodes are in topological order, so a prefix is still a tree; verification stays exact."""
         if self.token_ids.shape[1] <= nodes:
             return self
-
-        def cut(parents):
-            return None if parents is None else tuple(parents[:nodes])
-
+        trees = None if self.trees is None else tuple(None if tree is None else tree[:nodes] for tree in self.trees)
         return DraftProposal(self.token_ids[:, :nodes], self.num_tokens.clamp(max=nodes),
-                             None if self.probs is None else self.probs[:, :nodes], cut(self.parents),
-                             self.lookahead, None if self.row_parents is None else tuple(map(cut, self.row_parents)),
-                             self.row_lookahead)
+                             None if self.probs is None else self.probs[:, :nodes], trees, self.lookaheads)
 
     @staticmethod
     def empty(batch_size: int = 1, device: torch.device | str = "cpu") -> DraftProposal:

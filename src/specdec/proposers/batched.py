@@ -62,14 +62,12 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
 
     Rows without a distribution are point masses; when some other row has one,
     they get the one-hot q that None stands for (the same acceptance and residual).
-    A row's tree (its parents) goes to row_parents; the engine verifies each row's own shape.
-    A row's lookahead tokens go to row_lookahead; the engine appends them to that row's inputs.
+    Each row keeps its tree and its lookahead tokens (DraftProposal.trees, .lookaheads).
     """
     if len(proposals) == 1:  # one row (SpecEngine): its own tensors, already [1, k]
         only = proposals[0]
-        return DraftProposal(only.token_ids.to(device), only.num_tokens.to(device), only.probs,
-                             row_parents=None if only.parents is None else (only.parents,),
-                             row_lookahead=None if only.lookahead is None else (only.lookahead,))
+        return DraftProposal(only.token_ids.to(device), only.num_tokens.to(device), only.probs, only.trees,
+                             only.lookaheads)
     width = max((p.token_ids.shape[1] for p in proposals), default=0)
     batch = len(proposals)
     token_ids = torch.full((batch, width), -1, dtype=torch.int64, device=device)
@@ -83,11 +81,11 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
         if probs is not None and k:
             probs[row, :k] = (proposal.probs[0].to(device) if proposal.probs is not None else
                               torch.nn.functional.one_hot(proposal.token_ids[0].clamp_min(0), vocab_size).float())
-    trees = tuple(p.parents for p in proposals)
-    lookaheads = tuple(p.lookahead for p in proposals)
+    trees = tuple(p.tree() for p in proposals)
+    lookaheads = tuple(p.lookahead() for p in proposals)
     return DraftProposal(token_ids, num_tokens, probs,
-                         row_parents=trees if any(parents is not None for parents in trees) else None,
-                         row_lookahead=lookaheads if any(extra is not None for extra in lookaheads) else None)
+                         trees=trees if any(tree is not None for tree in trees) else None,
+                         lookaheads=lookaheads if any(extra is not None for extra in lookaheads) else None)
 
 
 class RowwiseProposer(BatchProposer):

@@ -18,7 +18,7 @@ itself produced; it goes into the pool under its first token, the oldest level i
 the new guesses become the top level. The two branches never see each other (the paper's
 mask), so the verified logits are those of a plain step.
 
-The lookahead tokens ride along as DraftProposal.lookahead; the engine appends them after the
+The lookahead tokens ride along as DraftProposal.lookaheads; the engine appends them after the
 drafts, hands their logits to read_lookahead() and never keeps their cache entries. A wide
 window pays where a forward over ~30 tokens costs about one over 1 (GPUs); on a CPU each token
 costs, so the defaults are small (W=4, N=3, G=3: 8 + at most 6 tokens per step).
