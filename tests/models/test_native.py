@@ -149,6 +149,28 @@ W8A8_HERE = w8a8_available() is None  # VNNI/AMX; elsewhere w8a8 must refuse cle
 QUANTIZATIONS_HERE = ["int8", "int4", "w4a8"] + (["w8a8"] if W8A8_HERE else [])
 
 
+def test_bf16_projections_stay_in_calls_of_32_rows_where_amx_is_in_force(monkeypatch):
+    """oneDNN's bf16 matmul rounds 33+ rows unlike fewer where AMX is in force (the isa tests
+    show it on AMX CPUs): such calls are split into blocks of 32, a 1-row block fed twice."""
+    from specdec.models.native import linear as linear_module
+
+    monkeypatch.setattr(linear_module, "effective_isa", lambda: "AVX512_CORE_AMX")
+    assert linear_module.row_block_for(torch.bfloat16) == 32
+    assert linear_module.row_block_for(torch.float32) is None
+    monkeypatch.setattr(linear_module, "effective_isa", lambda: "AVX512_CORE_BF16")
+    assert linear_module.row_block_for(torch.bfloat16) is None
+    calls = []
+
+    def project(rows):
+        calls.append(rows.shape[0])
+        return rows[:, :3] * 2
+
+    x = torch.randn(2, 33, 8)  # 66 rows: 32 + 32 + 2
+    assert torch.equal(linear_module.batch_invariant(x, 3, project, 32), x[..., :3] * 2) and calls == [32, 32, 2]
+    calls.clear()
+    assert torch.equal(linear_module.batch_invariant(x[0], 3, project, 32), x[0, :, :3] * 2) and calls == [32, 2]
+
+
 def w8a8_reference(weight, bias, x):
     """The w8a8 law in float64: per-channel int8 weights, per-row int8 activations, exact sums."""
     weight, x = weight.double(), x.double()

@@ -36,7 +36,7 @@ from specdec.models.native.model import NativeDecoder
 
 CHUNKINGS: tuple[tuple[int, ...], ...] = ((1,) * 9, (9,), (3, 3, 3), (5, 4), (2, 2, 2, 2, 1))
 PROJECTION_ROWS = (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64)
-CHEAP_ROWS = (1, 2, 3, 5, 9, 17)
+CHEAP_ROWS = (1, 2, 3, 5, 9, 17, 33)  # 33: oneDNN's bf16 matmul changes kernels there under AMX
 
 
 def contexts_around_powers_of_two(largest: int = 4096, smallest: int = 16) -> list[int]:
@@ -144,7 +144,7 @@ def probe_attention(config: DecoderConfig, device: torch.device, dtype: torch.dt
 
 
 def cheap_probe(decoder: NativeDecoder, step: int | None = None) -> InvarianceReport:
-    """What a loaded runner checks once: projections (up to 17 rows, or the blocks of a fixed-step
+    """What a loaded runner checks once: projections (up to 33 rows, or the blocks of a fixed-step
     runner's calls) and attention on random tensors."""
     report = probe_projections(decoder, CHEAP_ROWS, step=step)
     return report.extend(probe_attention(decoder.config, decoder.device, decoder.dtype, step=step))

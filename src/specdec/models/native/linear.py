@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec.models.cpu_features import int8_dot_exact, onednn_bf16_usable
+from specdec.models.cpu_features import effective_isa, int8_dot_exact, onednn_bf16_usable
 from specdec.models.native import kernels
 
 QUANTIZATIONS = ("none", "int8", "int4", "w8a8", "w4a8")
@@ -32,8 +32,20 @@ INT4_GROUP_SIZE = 32  # the GGUF Q4 block size the embedded models were quantize
 W8A8_VNNI_PATH = 3  # kernels/w8a8.cpp's VNNI path (0: its scalar reference, the same bits)
 
 
-def batch_invariant(x: torch.Tensor, out_features: int, project) -> torch.Tensor:  # [..., K] -> [..., N]
-    """project(rows) with a single row fed twice, so one row rounds exactly like several.
+# oneDNN's bf16 matmul changes kernels at 33 rows where AMX is in force: 33..64 rows of a projection
+# rounded unlike each row alone, 1..32 alike (a Sapphire Rapids-class Xeon, `specdec doctor
+# --synthetic --dtype bfloat16` under every cap; the other caps, and fp32, round alike at any count).
+AMX_BF16_ROW_BLOCK = 32
+
+
+def row_block_for(dtype: torch.dtype) -> int | None:
+    """The most rows one CPU matmul call may take and still round every row alike (None: any)."""
+    return AMX_BF16_ROW_BLOCK if dtype == torch.bfloat16 and effective_isa() == "AVX512_CORE_AMX" else None
+
+
+def batch_invariant(x: torch.Tensor, out_features: int, project, row_block: int | None = None) -> torch.Tensor:
+    """project(rows) with a single row fed twice, so one row rounds exactly like several, and in
+    calls of at most row_block rows (row_block_for), so no call takes the kernel of larger ones.
 
     BLAS and oneDNN take a gemv path for one row whose rounding differs (by an
     ulp) from their multi-row path, and bf16 grows that into different greedy
@@ -41,6 +53,9 @@ def batch_invariant(x: torch.Tensor, out_features: int, project) -> torch.Tensor
     positions. Two copies of the row cost the same as one on a memory-bound step.
     """
     rows = x.reshape(-1, x.shape[-1])
+    if row_block is not None and rows.shape[0] > row_block:
+        out = torch.cat([batch_invariant(part, out_features, project) for part in rows.split(row_block)])
+        return out.reshape(*x.shape[:-1], out_features)
     single = rows.shape[0] == 1
     out = project(rows.expand(2, -1) if single else rows)
     return (out[:1] if single else out).reshape(*x.shape[:-1], out_features)
@@ -71,11 +86,13 @@ class DenseLinear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.row_block: int | None = None
+        self.cpu_row_block = row_block_for(weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         if x.device.type == "cpu":
             return batch_invariant(x, self.weight.shape[0], lambda rows: nn.functional.linear(rows, self.weight,
-                                                                                               self.bias))
+                                                                                               self.bias),
+                                   self.cpu_row_block)
         return in_row_blocks(x, self.weight.shape[0], self.row_block,
                              lambda rows: nn.functional.linear(rows, self.weight, self.bias))
 
@@ -105,12 +122,13 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT)
         self.register_buffer("bias", bias)
+        self.row_block = row_block_for(weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Batch invariance (see batch_invariant): oneDNN's 1-row path rounds unlike its 2..9-row
         # path, and two rows cost the same as one here (see the table above).
         return batch_invariant(x, self.out_features, lambda rows: torch.ops.mkldnn._linear_pointwise(
-            rows, self.packed_weight, self.bias, "none", [], ""))
+            rows, self.packed_weight, self.bias, "none", [], ""), self.row_block)
 
 
 class Int8Linear(nn.Module):
