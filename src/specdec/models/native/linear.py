@@ -33,8 +33,8 @@ W8A8_VNNI_PATH = 3  # kernels/w8a8.cpp's VNNI path (0: its scalar reference, the
 
 
 # oneDNN's bf16 matmul changes kernels at 33 rows where AMX is in force: 33..64 rows of a projection
-# rounded unlike each row alone, 1..32 alike (a Sapphire Rapids-class Xeon, `specdec doctor
-# --synthetic --dtype bfloat16` under every cap; the other caps, and fp32, round alike at any count).
+# rounded unlike each row alone, 1..32 alike; the other caps, and fp32, round alike at any count
+# (benchmarks/RESULTS.md, "bf16 on AMX: oneDNN changes kernels at 33 rows").
 AMX_BF16_ROW_BLOCK = 32
 
 
