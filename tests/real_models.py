@@ -42,10 +42,10 @@ SHORT_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT, COPY_PROMPT, PROSE_PROMPT]
 SERVED_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT]
 EAGLE3_QUICK_HEAD = dict(corpus_windows=2, steps=36)
 WITH_LONG_PROMPT = [*SHORT_PROMPTS, LONG_PROMPT]
-# The heads' tests decode two prompts each, not five: a prompt the quick head was distilled on (so
-# drafts are accepted), and for chains an answer that ends (EOS) inside a draft, for trees the long
-# prompt (the head's own cache and the tree's compaction past the first growth). The other prompts
-# showed nothing new for a head and cost ~40% of the integration files' time.
+# The heads' tests decode two prompts each: a prompt the quick head was distilled on (so drafts are
+# accepted), and for chains an answer that ends (EOS) inside a draft, for trees the long prompt (the
+# head's own cache and the tree's compaction past the first growth). The other short prompts showed
+# nothing new for a head (the files' time is mostly loading, plain answers and training, not this).
 HEAD_CHAIN_PROMPTS = [CODE_PROMPT, SHORT_ANSWER_PROMPT]
 HEAD_TREE_PROMPTS = [PROSE_PROMPT, LONG_PROMPT]
 NEW_TOKENS = 64

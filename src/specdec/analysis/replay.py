@@ -130,7 +130,8 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer, k: int, stream: bo
             proposal = proposer.propose(ctx, k)
             count = int(proposal.num_tokens[0])
             tokens = proposal.token_ids[0, :count].tolist()
-            parents = None if proposal.tree() is None else proposal.tree()[:count]
+            tree = proposal.tree()
+            parents = None if tree is None else tree[:count]
             accepted, committed = _committed(accepted_length(tokens, parents, answer[position:]),
                                              len(answer) - position, turn.ended_by_eos)
             proposer.on_verified(torch.tensor([accepted]))

@@ -53,9 +53,8 @@ def batch_invariant(x: torch.Tensor, out_features: int, project, row_block: int 
     positions. Two copies of the row cost the same as one on a memory-bound step.
     """
     rows = x.reshape(-1, x.shape[-1])
-    if row_block is not None and rows.shape[0] > row_block:
-        out = torch.cat([batch_invariant(part, out_features, project) for part in rows.split(row_block)])
-        return out.reshape(*x.shape[:-1], out_features)
+    if row_block is not None:  # blocks of at most row_block rows, each as below
+        return in_row_blocks(x, out_features, row_block, lambda part: batch_invariant(part, out_features, project))
     single = rows.shape[0] == 1
     out = project(rows.expand(2, -1) if single else rows)
     return (out[:1] if single else out).reshape(*x.shape[:-1], out_features)
