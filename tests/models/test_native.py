@@ -411,14 +411,19 @@ def test_a_ragged_batch_computes_only_its_real_tokens_and_equals_the_padded_one(
 
 def test_rows_move_and_trees_roll_back_after_the_cache_grew_under_inference_mode():
     """A row that outgrows the cache reallocates it inside forward (inference mode); the batched
-    engine's move_row and a tree's keep_path then copy into that storage from outside it. This
-    failed on a real server ("Inplace update to inference tensor outside InferenceMode")."""
+    engine's move_row, swap_rows (its prompt cache parking a finished row) and a tree's keep_path
+    then copy into that storage from outside it. This failed on a real server ("Inplace update to
+    inference tensor outside InferenceMode"): move_row first, swap_rows at 4 clients on 2026-11-28."""
     runner = make_native(make_model(seed=0), batch_size=2, initial_cache_len=16)
     first_capacity = runner.cache.capacity
     tokens = torch.randint(0, VOCAB_SIZE, (2, 200), generator=torch.Generator().manual_seed(0))
     runner.forward(tokens, torch.arange(200).expand(2, -1))
     assert first_capacity < 200 <= runner.cache.capacity  # grown inside forward
-    runner.move_row(1, 0)
+    runner.truncate([150, 200], rows=slice(0, 2))
+    row_1 = runner.cache.keys[:, 1, :, :200].clone()
+    runner.swap_rows(0, 1)
+    assert torch.equal(runner.cache.keys[:, 0, :, :200], row_1) and runner.row_lengths(slice(0, 2)) == [200, 150]
+    runner.move_row(0, 1)
     assert torch.equal(runner.cache.keys[:, 0, :, :200], runner.cache.keys[:, 1, :, :200])
     single = make_native(make_model(seed=0), initial_cache_len=16)
     single.forward(tokens[:1], torch.arange(200)[None])

@@ -238,6 +238,7 @@ class NativeRunner:
         self.cache_version += 1
         self.cache.move_row(source, destination)
 
+    @torch.inference_mode()
     def swap_rows(self, first: int, second: int) -> None:
         self.cache_version += 1
         self.cache.swap_rows(first, second)
