@@ -118,3 +118,16 @@ def test_a_w4a8_block_in_one_call_gives_the_op_by_op_bits(dtype, monkeypatch):
 def test_blocks_that_are_not_all_w4a8_run_op_by_op():
     runner = make_native(make_model(seed=5, layers=2, hidden=64), dtype=torch.float32, quantize="none")
     assert all(block.chain_call is None for block in runner.decoder.blocks)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+    """A process killed while it held the kernels' build lock (every load takes it for a moment) left it
+    behind, and the next load waited on it forever (seen after killing a server mid-start)."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not kernels.clear_stale_lock(tmp_path) and lock.exists()  # a build may be running: wait for it
+    old = lock.stat().st_mtime - kernels.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    assert kernels.clear_stale_lock(tmp_path) and not lock.exists()
+    assert "stale kernel build lock" in capsys.readouterr().err
+    assert not kernels.clear_stale_lock(tmp_path)  # nothing to remove

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +36,26 @@ def build_directory() -> Path:
     return directory
 
 
+STALE_LOCK_S = 300  # a build takes ~30 s; a lock this old was left by a process killed while holding it
+
+
+def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove the build's lock file if a killed process left it (torch's FileBaton waits for it forever).
+
+    Every load takes the lock for a moment (ninja checks the library is current), so a process
+    interrupted then (Ctrl-C while a model loads) leaves it behind. True if one was removed."""
+    lock = build / "lock"
+    try:
+        age_s = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age_s < max_age_s:
+        return False
+    print(f"specdec: removing a stale kernel build lock ({lock}, {age_s / 60:.0f} min old)", file=sys.stderr)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 @functools.cache
 def load() -> str | None:
     """Compile (once) and load the kernels; None on success, else why not."""
@@ -50,6 +71,7 @@ def load() -> str | None:
         except ImportError:
             pass  # a system ninja, if any
         build = build_directory()
+        clear_stale_lock(build)
         if not (build / f"{LIBRARY}.so").exists():
             print("specdec: compiling specdec's CPU kernels (once, about 30 s)", file=sys.stderr, flush=True)
         cpp_extension.load(name=LIBRARY, sources=[str(source) for source in SOURCES], is_python_module=False,
