@@ -24,26 +24,42 @@ PROMPT = "the quick brown fox"
 # ---- the controller on synthetic measurements -------------------------------------------------
 
 
+def _next(controller: AdaptiveK, handle: str = "a", **options) -> int:
+    """The controller's k for one row (SpecEngine's request) with nothing but max_k capping it."""
+    return controller.choose([handle], [controller.max_k], **{key: [value] for key, value in options.items()})[0]
+
+
+def _record(controller: AdaptiveK, drafted: int, accepted: int, draft_s: float, verify_s: float,
+            handle: str = "a", caught_up: int = 0) -> None:
+    controller.record([handle], [drafted], [drafted], [accepted], draft_s=draft_s, tokens=drafted + 1,
+                      verify_s=verify_s, caught_up=caught_up)
+
+
+def _started(controller: AdaptiveK, handle: str = "a", plain_s: float = 0.1) -> AdaptiveK:
+    """A request begins, and its first step is plain (as both engines make it): the plain cost is measured."""
+    controller.start_row(handle)
+    _record(controller, 0, 0, 0.0, plain_s, handle)
+    return controller
+
+
 def _feed(controller: AdaptiveK, steps: int, accept: float, draft_s: float, verify_s_per_token: float,
-          verify_s_fixed: float) -> list[int]:
+          verify_s_fixed: float, handle: str = "a") -> list[int]:
     """Run `steps` synthetic steps: each draft is accepted with probability `accept` while the
     ones before it were (Leviathan et al.'s i.i.d. model), from a seeded generator."""
     rng = random.Random(0)
     chosen = []
     for _ in range(steps):
-        k = controller.next_k()
+        k = _next(controller, handle)
         chosen.append(k)
         accepted = 0
         while accepted < k and rng.random() < accept:
             accepted += 1
-        controller.record(drafted=k, accepted=accepted, draft_s=draft_s * k, verified_tokens=k + 1,
-                          verify_s=verify_s_fixed + verify_s_per_token * (k + 1))
+        _record(controller, k, accepted, draft_s * k, verify_s_fixed + verify_s_per_token * (k + 1), handle)
     return chosen
 
 
 def test_every_draft_accepted_and_a_cheap_draft_drives_k_to_its_maximum():
-    controller = AdaptiveK(max_k=8)
-    controller.start_request()
+    controller = _started(AdaptiveK(max_k=8))
     chosen = _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
     assert chosen[:3] == [2, 4, 8]  # slow start: 2, doubling after each step whose drafts were all accepted
     assert chosen[-5:] == [8] * 5
@@ -53,24 +69,21 @@ def test_every_draft_rejected_stops_drafting_but_keeps_exploring():
     """No draft is ever accepted: drafting costs time and buys nothing, so the controller
     decodes plainly (k = 0) and probes with one drafted token after explore_every plain steps,
     each failed probe doubling the gap up to max_explore_every."""
-    controller = AdaptiveK(max_k=8, explore_every=4, max_explore_every=16)
-    controller.start_request()
+    controller = _started(AdaptiveK(max_k=8, explore_every=4, max_explore_every=16))
     chosen = _feed(controller, 80, accept=0.0, draft_s=0.01, verify_s_per_token=0.001, verify_s_fixed=0.1)
     assert chosen[:3] == [2, 2, 2]  # slow start: no draft accepted, so the cap stays at 2
     first_plain = chosen.index(0)
     probes = [i for i, k in enumerate(chosen) if i > first_plain and k > 0]
     assert all(chosen[i] == 1 for i in probes)
     assert [b - a for a, b in zip(probes, probes[1:])][:3] == [8, 16, 16]  # gaps 8, 16, then capped at 16
-    controller.start_request()  # a new request probes at the first gap again
-    assert [controller.next_k() for _ in range(4)] == [0, 0, 0, 1]
+    controller.start_row("a")  # a new request (in SpecEngine's one row) probes at the first gap again
+    assert [_next(controller) for _ in range(4)] == [0, 0, 0, 1]
 
 
 def test_plain_decoding_is_chosen_only_where_no_k_pays():
     """A good but slow draft: alpha 0.9 pays at a draft step of 0.02 s (k > 0), not at 0.3 s
     (a draft token costing three plain steps), whatever the acceptance."""
-    fast, slow = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
-    for controller in (fast, slow):
-        controller.start_request()
+    fast, slow = _started(AdaptiveK(max_k=8)), _started(AdaptiveK(max_k=8))
     fast_k = _feed(fast, 40, accept=0.9, draft_s=0.02, verify_s_per_token=0.0, verify_s_fixed=0.1)
     slow_k = _feed(slow, 40, accept=0.9, draft_s=0.3, verify_s_per_token=0.0, verify_s_fixed=0.1)
     assert min(fast_k[-10:]) >= 3
@@ -82,9 +95,7 @@ def test_a_verify_cost_that_grows_with_k_keeps_k_small():
     drafted token buys fewer than one expected token per token of verification, so the controller
     decodes plainly (k = 0, probing with one token now and then). With verification flat in k,
     Theorem 3.8's optimum for alpha 0.8, c 0.1 is k = 3 or 4."""
-    flat, steep = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
-    for controller in (flat, steep):
-        controller.start_request()
+    flat, steep = _started(AdaptiveK(max_k=8)), _started(AdaptiveK(max_k=8), plain_s=0.1)
     flat_k = _feed(flat, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.0, verify_s_fixed=0.1)
     steep_k = _feed(steep, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.1, verify_s_fixed=0.0)
     assert set(steep_k[-16:]) <= {0, 1} and steep_k[-16:].count(0) >= 15  # 1: a probe
@@ -92,24 +103,24 @@ def test_a_verify_cost_that_grows_with_k_keeps_k_small():
 
 
 def test_a_new_request_starts_from_what_earlier_requests_measured():
-    controller = AdaptiveK(max_k=6)
-    controller.start_request()
+    controller = _started(AdaptiveK(max_k=6))
     _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
-    controller.start_request()
-    assert min(controller.rates()) > 0.95  # the engine-wide rates carry over (shrunk, so never quite 1)
-    assert controller.next_k() == 2  # but the request starts slowly
-    controller.record(drafted=2, accepted=2, draft_s=0.002, verified_tokens=3, verify_s=0.1)
-    assert controller.next_k() == 4
-    controller.record(drafted=4, accepted=4, draft_s=0.004, verified_tokens=5, verify_s=0.1)
-    assert controller.next_k() == 6
+    controller.forget("a")
+    controller.start_row("b")
+    assert min(controller.rates("b")) > 0.95  # the engine-wide rates carry over (shrunk, so never quite 1)
+    assert _next(controller, "b") == 2  # but the request starts slowly
+    _record(controller, 2, 2, 0.002, 0.1, "b")
+    assert _next(controller, "b") == 4
+    _record(controller, 4, 4, 0.004, 0.1, "b")
+    assert _next(controller, "b") == 6
 
 
 def _measured(accept: float) -> AdaptiveK:
     """A controller after 30 steps of one request (draft 0.02 s a token, plain step 0.1 s) and one
     catch-up of 64 tokens in 0.32 s (5 ms a token)."""
     controller = AdaptiveK(max_k=8)
-    controller.start_request()
-    controller.record(drafted=0, accepted=0, draft_s=0.32, verified_tokens=1, verify_s=0.1, caught_up=64)
+    controller.start_row("a")
+    _record(controller, 0, 0, 0.32, 0.1, caught_up=64)
     _feed(controller, 30, accept=accept, draft_s=0.02, verify_s_per_token=0.0, verify_s_fixed=0.1)
     return controller
 
@@ -120,22 +131,22 @@ def test_a_catch_up_that_drafting_cannot_pay_back_is_not_begun():
     exploration included, and the next request weighs its own catch-up afresh."""
     good, poor = _measured(0.9), _measured(0.3)
     for controller in (good, poor):
-        controller.start_request()
-    assert good.next_k(catch_up_tokens=256, remaining_tokens=128) > 0
-    assert poor.next_k(catch_up_tokens=0, remaining_tokens=128) > 0  # nothing to read: drafting pays
-    assert poor.next_k(catch_up_tokens=256, remaining_tokens=128) == 0
-    assert [poor.next_k() for _ in range(20)] == [0] * 20  # the request stays plain: no exploring
-    poor.start_request()
-    assert poor.next_k(catch_up_tokens=256, remaining_tokens=100_000) > 0  # a long answer pays it back
+        controller.start_row("b")
+    assert _next(good, "b", unread=256, remaining=128) > 0
+    assert _next(poor, "b", unread=0, remaining=128) > 0  # nothing to read: drafting pays
+    assert _next(poor, "b", unread=256, remaining=128) == 0
+    assert [_next(poor, "b") for _ in range(20)] == [0] * 20  # the request stays plain: no exploring
+    poor.start_row("c")
+    assert _next(poor, "c", unread=256, remaining=100_000) > 0  # a long answer pays it back
 
 
 def test_the_catch_up_is_weighed_only_before_a_request_drafts():
     """Once a request has drafted, what the proposer has not read is a normal step's catch-up, part of
     its measured draft time: 64 unread tokens with 1 token left would be vetoed at the start."""
     drafted, fresh = _measured(0.5), _measured(0.5)
-    fresh.start_request()
-    assert drafted.next_k(catch_up_tokens=64, remaining_tokens=1) > 0
-    assert fresh.next_k(catch_up_tokens=64, remaining_tokens=1) == 0
+    fresh.start_row("b")
+    assert _next(drafted, unread=64, remaining=1) > 0
+    assert _next(fresh, "b", unread=64, remaining=1) == 0
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
@@ -281,9 +292,9 @@ class CheapDraftTimings(AdaptiveK):
     with measured times k would sit at 1; fixed times make the test deterministic and keep
     k moving with the measured acceptance, which is the history-dependent part under test."""
 
-    def record(self, *, drafted, accepted, draft_s, verified_tokens, verify_s, caught_up=0):
-        super().record(drafted=drafted, accepted=accepted, draft_s=0.001 * drafted, verified_tokens=verified_tokens,
-                       verify_s=0.1, caught_up=caught_up)
+    def record(self, handles, asked, drafted, accepted, *, draft_s, tokens, verify_s, caught_up=0):
+        super().record(handles, asked, drafted, accepted, draft_s=0.001 * max(drafted), tokens=tokens, verify_s=0.1,
+                       caught_up=caught_up)
 
 
 def test_auto_k_with_early_stopping_keeps_the_target_distribution():

@@ -5,7 +5,7 @@ and the running rows are kept packed at 0..B-1: a newcomer is prefilled into
 row B, a request that finishes is replaced by the last row (move_row). A step
 is engine/step.py's run_step over all rows together, the code SpecEngine runs
 over one: each row drafts up to its own cap (what it may still emit, the
-context, the goodput controller's k), one target forward verifies every row,
+context, -k auto's controller: engine/adaptive.py), one target forward verifies every row,
 each row accepts its own number of drafts and rolls back to its own length;
 then each row commits (commit_row), and finished rows leave. Row b draws
 exactly the random numbers it would draw alone, and its tokens depend only
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.engine.goodput import GoodputK
+from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, common_prefix_length, \
     encode_prompt
-from specdec.engine.step import Row, commit_row, queue_hidden, run_step, select_target_features
+from specdec.engine.step import Row, commit_row, queue_hidden, run_adaptive_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.native.runner import NativeRunner
 from specdec.proposers.base import Proposer
@@ -104,9 +104,9 @@ class BatchEngine:
         if spec_max_batch is not None and (isinstance(spec_max_batch, bool) or not isinstance(spec_max_batch, int)
                                            or spec_max_batch < 1):
             raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
-        # k "auto": each step's k from measured costs and each row's acceptance (engine/goodput.py)
-        self.goodput = (GoodputK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
-                        if k == "auto" else None)
+        # k "auto": each step's k from measured costs and each row's acceptance (engine/adaptive.py)
+        self.adaptive = (AdaptiveK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
+                         if k == "auto" else None)
         if isinstance(proposer, Proposer) and target.batch_size != 1:
             raise ValueError("a single-sequence proposer serves one row: build the proposer with slots=batch_size")
         self.target, self.proposer, self.tokenizer = target, as_batch(proposer), tokenizer
@@ -278,6 +278,8 @@ class BatchEngine:
             self._prefilling.pop(0)  # complete: it decodes from the next step, in place
             if self.proposer is not None:
                 self.proposer.start_row(row)
+            if self.adaptive is not None:
+                self.adaptive.start_row(running.handle)
             running.decode_started = time.perf_counter()
             self._rows.append(running)
 
@@ -298,6 +300,8 @@ class BatchEngine:
 
     def remove(self, handle: Hashable) -> bool:
         """Drop a request (its client went away); False if it is not running."""
+        if self.adaptive is not None:
+            self.adaptive.forget(handle)
         for row, running in enumerate(self._rows):
             if running.handle == handle:
                 self._free(row)
@@ -311,6 +315,8 @@ class BatchEngine:
     def clear(self) -> list[Hashable]:
         """Drop every request (after an error); returns their handles."""
         handles = self.handles()
+        for handle in handles if self.adaptive is not None else ():
+            self.adaptive.forget(handle)
         self._rows.clear()
         self._prefilling.clear()
         self._parked.clear()  # an error may have left any row half-written
@@ -334,20 +340,15 @@ class BatchEngine:
                   for row in rows]
         if self.spec_max_batch is not None and batch > self.spec_max_batch:
             max_ks = [0] * batch  # plain decoding this step; the draft catches up when speculation resumes
-        if self.goodput is not None and self.proposer is not None:
-            max_ks = self.goodput.choose([row.handle for row in rows], max_ks)
 
-        # Steps 1-5 (engine/step.py), then 6-7: commit, cut at EOS / stop / length; record; finished rows leave.
-        result = run_step(self.target, self.proposer, rows, max_ks)
-        if self.goodput is not None:
-            self.goodput.record_step(batch, result.forward_tokens, result.forward_s, result.width, result.propose_s)
+        # Steps 1-5 and 7 (engine/step.py), then 6: commit, cut at EOS / stop / length; finished rows leave.
+        result = run_adaptive_step(self.target, self.proposer, rows, max_ks, self.adaptive,
+                                   [row.handle for row in rows])
         updates, finished = [], []
         now = time.perf_counter()
         for b, row in enumerate(rows):
             before = len(row.request.token_logprobs)
             kept = commit_row(row, result, b, self.max_context)
-            if self.goodput is not None:
-                self.goodput.record_row(row.handle, result.drafted[b], result.accepted[b])
             row.stats.decode_time_s = now - row.decode_started
             text = row.request.text_delta() if self.tokenizer is not None else ""
             logprobs = row.request.token_logprobs[before:] if row.request.logprobs is not None else None
@@ -358,8 +359,8 @@ class BatchEngine:
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
             if self.proposer is not None:
                 self.proposer.end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
-            if self.goodput is not None:
-                self.goodput.forget(self._rows[b].handle)
+            if self.adaptive is not None:
+                self.adaptive.forget(self._rows[b].handle)
             parked = self._parkable(b) if self.prompt_cache else None
             self._free(b, keep=parked is not None)
             if parked is not None:  # the freed row, now the first free one, holds it

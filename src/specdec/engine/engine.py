@@ -3,8 +3,8 @@
 Every step is engine/step.py's run_step over one row, the code BatchEngine runs over many: propose,
 one target forward over [last_token, *draft], verify, roll back, then commit_row cuts at EOS /
 stop string / max_new_tokens. What is SpecEngine's own: the prompt cache across requests
-(reuse_prefix), the request's first step being plain, and AdaptiveK (`-k auto`, engine/adaptive.py),
-which reads one request's acceptance per draft position.
+(reuse_prefix) and the request's first step being plain. `-k auto` is the same controller
+BatchEngine uses (engine/adaptive.py), over one row.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, check_generation_options, common_prefix_length, encode_prompt
-from specdec.engine.step import Row, StepResult, commit_row, queue_hidden, run_step, select_target_features
+from specdec.engine.step import Row, StepResult, commit_row, queue_hidden, run_adaptive_step, select_target_features
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
@@ -50,7 +50,7 @@ class SpecEngine:
     >>> engine.generate("def fib(n):", SamplingParams(temperature=0), max_new_tokens=64).text
 
     k="auto" lets an AdaptiveK (engine/adaptive.py) choose each step's k in
-    1..max_k from the request's recent acceptance and the measured step costs.
+    0..max_k from the request's recent acceptance and the measured step costs.
     """
 
     def __init__(
@@ -72,7 +72,9 @@ class SpecEngine:
         self._rows_proposer = as_batch(proposer)
         self.tokenizer = tokenizer
         self.k = k
-        self.adaptive = AdaptiveK(max_k=max_k) if k == "auto" else None
+        self.adaptive = (AdaptiveK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
+                         if k == "auto" else None)
+        self._k_cap = max_k if k == "auto" else k  # the most a step drafts
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
         self._keeps_hidden = proposer is not None and proposer.reads_target_hidden
         # Prompt caching across requests (what llama-server's cache_prompt and vLLM's prefix caching
@@ -156,12 +158,11 @@ class SpecEngine:
                       pending_hidden=prompt_row.pending_hidden)
             self.target.truncate(torch.tensor([len(ids) - 1]))
             self._start_request()
-            while (drawn := len(row.tokens) - len(ids)) < min_tokens:
+            while len(row.tokens) - len(ids) < min_tokens:
                 context_left = self.target.max_context - len(row.tokens)
                 if context_left <= 1:
                     raise ValueError("the prompt leaves no room in the context for the sampled tokens")
-                max_k = min(self._next_k(len(row.tokens), min_tokens - drawn), context_left - 1)
-                row.tokens += self._step(row, max_k).tokens[0]
+                row.tokens += self._step(row, min(self._k_cap, context_left - 1)).tokens[0]
             yield row.tokens[len(ids):]
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -193,8 +194,7 @@ class SpecEngine:
             # a proposer's own prefill (a draft model reading the prompt) starts at the second.
             context_left = self.target.max_context - len(row.tokens)
             first_step = stats.target_forwards == 0
-            max_k = 0 if first_step else min(self._next_k(len(row.tokens), request.remaining),
-                                             request.remaining - 1, context_left - 1)
+            max_k = 0 if first_step else min(self._k_cap, request.remaining - 1, context_left - 1)
             kept = commit_row(row, self._step(row, max_k), 0, self.target.max_context)
             stats.decode_time_s = time.perf_counter() - started
             if kept and not stats.first_token_s:
@@ -217,16 +217,7 @@ class SpecEngine:
         if self.proposer is not None:
             self._rows_proposer.start_row(0)
         if self.adaptive is not None:
-            self.adaptive.start_request()
-
-    def _next_k(self, context_len: int, remaining: int) -> int:
-        if self.adaptive is None:
-            return self.k
-        return self.adaptive.next_k(self._unread_tokens(context_len), remaining)
-
-    def _unread_tokens(self, context_len: int) -> int:
-        """What the proposer must still read before it drafts (Proposer.unread_tokens; 0 where it keeps no state)."""
-        return 0 if self.proposer is None else self._rows_proposer.unread_tokens(0, context_len)
+            self.adaptive.start_row(0)
 
     def _prefill(self, row: Row) -> int:
         """A target cache holding every token but the last, which opens the first step; returns how
@@ -256,14 +247,9 @@ class SpecEngine:
         return common_prefix_length(self._cached[1], tokens, len(tokens) - 1)
 
     def _step(self, row: Row, max_k: int) -> StepResult:
-        """The shared step over this one row; then AdaptiveK and a tree budget learn from it."""
-        unread = self._unread_tokens(len(row.tokens)) if max_k >= 1 else 0
-        result = run_step(self.target, self._rows_proposer, [row], [max_k])
-        # Context the proposer read in this step: a catch-up step's tokens, where it drafted nothing.
-        caught_up = unread - self._unread_tokens(len(row.tokens)) if max_k >= 1 else 0
-        if self.adaptive is not None:
-            self.adaptive.record(drafted=result.drafted[0], accepted=result.accepted[0], draft_s=result.propose_s,
-                                 verified_tokens=result.width + 1, verify_s=result.verify_s, caught_up=caught_up)
+        """The shared step over this one row (k at most max_k, chosen by -k auto's controller); then a
+        tree budget learns from it."""
+        result = run_adaptive_step(self.target, self._rows_proposer, [row], [max_k], self.adaptive, [0])
         if result.trees[0] is not None and self._rows_proposer.tree_budget is not None:  # --tree-size auto
             self._rows_proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
                                              accepted=result.accepted[0])

@@ -11,8 +11,8 @@ SpecEngine runs it over one row, BatchEngine over its running requests (Chen et 
      step), the proposer forgets the rejected drafts, and a head proposer's rows queue the features
      of their committed inputs;
   6. commit_row cuts each row at EOS / stop string / max_new_tokens / the context;
-  7. the engines record stats and feed their k controllers (engine/adaptive.py for one request,
-     engine/goodput.py for a batch) from the StepResult.
+  7. with `-k auto`, run_adaptive_step has engine/adaptive.py choose each row's k before the step
+     and learn from it after.
 With no proposer, or max_ks all 0, every row drafts nothing and this is plain decoding (Algorithm 1)
 through the very same code, which makes the baseline honest.
 
@@ -143,6 +143,23 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
     return StepResult(verified, drafted, accepted, kept_inputs, trees, logits, k, layout.inputs.numel(),
                       propose_s=proposed - started, forward_s=forwarded - proposed,
                       verify_s=time.perf_counter() - proposed)
+
+
+def run_adaptive_step(target, proposer: BatchProposer | None, rows: Sequence[Row], caps: Sequence[int],
+                      controller, handles: Sequence) -> StepResult:
+    """run_step with each row's k (at most its cap) chosen by the controller (engine/adaptive.py,
+    None: the caps themselves), which then learns from what the step measured."""
+    if controller is None or proposer is None:
+        return run_step(target, proposer, rows, caps)
+    unread = [proposer.unread_tokens(b, len(row.tokens)) for b, row in enumerate(rows)]
+    max_ks = controller.choose(handles, caps, unread, [row.request.remaining for row in rows])
+    result = run_step(target, proposer, rows, max_ks)
+    # Context the proposer read this step (a draft model's catch-up, where it drafted nothing).
+    caught_up = sum(before - proposer.unread_tokens(b, len(row.tokens))
+                    for b, (row, before, max_k) in enumerate(zip(rows, unread, max_ks)) if max_k >= 1)
+    controller.record(handles, max_ks, result.drafted, result.accepted, draft_s=result.propose_s,
+                      tokens=result.forward_tokens, verify_s=result.verify_s, caught_up=caught_up)
+    return result
 
 
 def commit_row(row: Row, result: StepResult, b: int, max_context: int) -> list[int]:

@@ -113,7 +113,7 @@ class Proposer:
     # Which target layers' inputs those features include besides the final norm's (EAGLE-3).
     target_layers: tuple[int, ...] = ()
     # Tokens a drafting step adds to the verification forward besides its drafts (lookahead
-    # decoding's Jacobi window); the goodput controller counts them in the step's cost.
+    # decoding's Jacobi window); -k auto's controller (engine/adaptive.py) counts them in the step's cost.
     extra_verify_tokens: int = 0
     # --tree-size auto: the controller that sizes the next tree from measured verification costs
     # (proposers/tree_budget.py); the engine records each tree step into it. None = fixed trees.
