@@ -11,6 +11,7 @@ from conftest import VOCAB_SIZE, make_model, make_native
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
 from specdec.engine.adaptive import AdaptiveK
+from specdec.planning.theory import best_k
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
 from specdec.proposers.base import ProposeContext, Proposer
@@ -100,6 +101,19 @@ def test_a_verify_cost_that_grows_with_k_keeps_k_small():
     steep_k = _feed(steep, 60, accept=0.8, draft_s=0.01, verify_s_per_token=0.1, verify_s_fixed=0.0)
     assert set(steep_k[-16:]) <= {0, 1} and steep_k[-16:].count(0) >= 15  # 1: a probe
     assert min(flat_k[-10:]) >= 3
+
+
+@pytest.mark.parametrize("accept, per_token_s", [(0.9, 0.0), (0.8, 0.01), (0.6, 0.03), (0.3, 0.05)])
+def test_one_row_that_always_proposes_gets_planning_best_k(accept, per_token_s):
+    """The batch objective at one row whose proposer always drafts is Leviathan et al.'s, as
+    planning/theory.py's best_k computes it from the same rates and measured costs."""
+    controller = _started(AdaptiveK(max_k=8, ramp_start=8))
+    _feed(controller, 40, accept=accept, draft_s=0.005, verify_s_per_token=per_token_s, verify_s_fixed=0.1)
+    draft, verify = controller._draft_s.predictor(), controller._verify_s.predictor()
+    expected = best_k(controller.rates("a"), 0.0, lambda k: max((draft(k) if k else 0.0) + verify(k + 1), 1e-9),
+                      8, min_k=0)
+    chosen = _next(controller)
+    assert chosen == expected or (expected == 0 and chosen == 1)  # after a plain streak, 1 is a probe
 
 
 def test_a_new_request_starts_from_what_earlier_requests_measured():

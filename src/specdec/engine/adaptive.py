@@ -4,7 +4,7 @@ One controller for both engines: SpecEngine asks it about one row, BatchEngine a
 rows (docs/adaptive-k.md says why each rule is there and what it measured). Before every step it
 chooses the k that maximises predicted tokens per second over the whole step,
 
-    sum_b E_b(min(k, cap_b)) / (draft_s(k) + verify_s(tokens per row)),
+    sum_b E_b(min(k, cap_b)) / (draft_s(k) + verify_s(the forward's tokens)),
 
 k = 0 (a plain step) included. E_b is Leviathan et al.'s Equation 1 (arXiv 2211.17192) with one
 conditional acceptance rate per draft position (acceptance is bursty), per row, shrunk towards the
@@ -98,13 +98,14 @@ class AdaptiveK:
         self.forget(handle)
         if not self._rows:
             self._plain_in_a_row, self._explore_gap = 0, self.explore_every
-        self._rows[handle] = _Row([0.0] * self.max_k, [0.0] * self.max_k, self.ramp_start)
+        self._row(handle)
 
     def forget(self, handle: Hashable) -> None:
         """The request left."""
         self._rows.pop(handle, None)
 
     def _row(self, handle: Hashable) -> _Row:
+        """The request's state; a handle not started yet starts now."""
         if handle not in self._rows:
             self._rows[handle] = _Row([0.0] * self.max_k, [0.0] * self.max_k, self.ramp_start)
         return self._rows[handle]

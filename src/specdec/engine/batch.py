@@ -300,8 +300,6 @@ class BatchEngine:
 
     def remove(self, handle: Hashable) -> bool:
         """Drop a request (its client went away); False if it is not running."""
-        if self.adaptive is not None:
-            self.adaptive.forget(handle)
         for row, running in enumerate(self._rows):
             if running.handle == handle:
                 self._free(row)
@@ -315,8 +313,9 @@ class BatchEngine:
     def clear(self) -> list[Hashable]:
         """Drop every request (after an error); returns their handles."""
         handles = self.handles()
-        for handle in handles if self.adaptive is not None else ():
-            self.adaptive.forget(handle)
+        if self.adaptive is not None:
+            for handle in handles:
+                self.adaptive.forget(handle)
         self._rows.clear()
         self._prefilling.clear()
         self._parked.clear()  # an error may have left any row half-written
@@ -359,8 +358,6 @@ class BatchEngine:
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
             if self.proposer is not None:
                 self.proposer.end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
-            if self.adaptive is not None:
-                self.adaptive.forget(self._rows[b].handle)
             parked = self._parkable(b) if self.prompt_cache else None
             self._free(b, keep=parked is not None)
             if parked is not None:  # the freed row, now the first free one, holds it
@@ -371,6 +368,8 @@ class BatchEngine:
     def _free(self, row: int, keep: bool = False) -> None:
         """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow.
         keep: by swaps instead of copies, so the freed row's entries end in the first free row."""
+        if self.adaptive is not None:  # the request is gone: so are its rates
+            self.adaptive.forget(self._rows[row].handle)
         last = len(self._rows) - 1
         move = self.target.swap_rows if keep else self.target.move_row
         if row != last:

@@ -65,7 +65,6 @@ class StepResult:
     width: int  # drafts of the widest row: the forward verified B x (width + 1) tokens
     forward_tokens: int  # tokens in the forward, lookahead windows and padding included
     propose_s: float  # the proposer's time
-    forward_s: float  # the target's forward, up to a host sync
     verify_s: float  # the forward and verification, rollback included
 
 
@@ -109,8 +108,6 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
     else:  # a tree or a lookahead window: the native decoder's mask among the new tokens
         output = target.forward(layout.inputs, positions, rows=slice(0, batch), among_new=layout.among_new.to(device))
     logits = output.logits  # [B, k+1 (+ lookahead tokens), V]
-    logits[:, -1, :1].sum().item()  # the forward's time, not a lazy device's queue
-    forwarded = time.perf_counter()
     for b, lookahead in enumerate(layout.lookaheads):  # lookahead decoding: each row's Jacobi update
         if lookahead is not None:
             proposer.read_lookahead(b, logits[b, k + 1:k + 1 + lookahead.token_ids.shape[1]])
@@ -141,7 +138,7 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
     if proposer is not None and k > 0:
         proposer.on_verified(torch.tensor(accepted))
     return StepResult(verified, drafted, accepted, kept_inputs, trees, logits, k, layout.inputs.numel(),
-                      propose_s=proposed - started, forward_s=forwarded - proposed,
+                      propose_s=proposed - started,
                       verify_s=time.perf_counter() - proposed)
 
 
