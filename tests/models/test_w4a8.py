@@ -94,10 +94,11 @@ def test_w4a8_loses_less_than_the_fp16_scale_per_group_format():
     assert ratio < 0.97, ratio
 
 
-def test_w4a8_is_its_integer_law_on_every_path_with_the_same_bits():
+@pytest.mark.parametrize("inputs", [96, 608])  # one partial super-block; 19 groups: two whole and a partial one
+def test_w4a8_is_its_integer_law_on_every_path_with_the_same_bits(inputs):
     generator = torch.Generator().manual_seed(3)
-    weight, bias = torch.randn(200, 96, generator=generator), torch.randn(200, generator=generator)  # 200: padded
-    x = torch.randn(21, 96, generator=generator) * torch.linspace(0.01, 30, 96)  # outlier channels, as in LLMs
+    weight, bias = torch.randn(200, inputs, generator=generator), torch.randn(200, generator=generator)  # 200: padded
+    x = torch.randn(21, inputs, generator=generator) * torch.linspace(0.01, 30, inputs)  # outlier channels, as in LLMs
     linear = W4A8Linear(weight, bias, torch.float32)
     outputs = {name: linear(x, ISA_PATHS[name]) for name in PATHS_HERE}
     reference = outputs["scalar"]
@@ -159,10 +160,11 @@ def test_the_largest_group_sums_stay_exact_on_every_path(sign):
 @pytest.mark.parametrize("path", PATHS_HERE)
 def test_a_row_gives_the_same_bits_whatever_shares_its_call(path):
     """Batch invariance by construction: 1..21 rows, every tile size and remainder of every path
-    (7 blocks of 16 outputs: tiles of 4, 2 and 1 blocks, however the threads split them)."""
+    (7 blocks of 16 outputs: tiles of 4, 2 and 1 blocks, however the threads split them), with the
+    weights unpacked once per call (over 5 rows) or per tile (5 rows or fewer), over three super-blocks."""
     generator = torch.Generator().manual_seed(4)
-    linear = W4A8Linear(torch.randn(112, 64, generator=generator), None, torch.float32)
-    x = torch.randn(21, 64, generator=generator)
+    linear = W4A8Linear(torch.randn(112, 608, generator=generator), None, torch.float32)
+    x = torch.randn(21, 608, generator=generator)
     together = linear(x, ISA_PATHS[path])
     for rows in range(1, 22):
         assert torch.equal(linear(x[:rows], ISA_PATHS[path]), together[:rows]), rows
