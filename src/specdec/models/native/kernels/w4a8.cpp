@@ -265,11 +265,11 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
 // their weights coming from memory (benchmarks/native_kernels.py --layers): against tiles of 2,
 // a 1-token step's projections run 5-13% faster (one row does little work between loads, and
 // four blocks keep more of them in flight) and 5-17 rows 4-7% faster; 8 blocks spill registers.
-// Tiles of up to 5 rows, not 4: each tile unpacks its blocks' weights and widens their codes once
-// for more rows (9 rows as 5 + 4, not 3 + 3 + 3). Measured on a 2-core Cascade Lake Xeon, interleaved
-// (benchmarks/kernel_ab.py): the 1.5B target's projections 0.93x the time at 9 rows, 0.95x at 17,
-// alike at 1 and 5; whole forwards 0.94x at 5 and 9 tokens. The rows' float sums live on the stack
-// either way (R x B of them next to R x B integer accumulators).
+// Tiles of up to 5 rows, not 4, in calls of up to 5 rows (taller calls take the taller tiles below):
+// each tile unpacks its blocks' weights and widens their codes once for more rows (9 rows as 5 + 4,
+// not 3 + 3 + 3: on a 2-core Cascade Lake Xeon, benchmarks/kernel_ab.py, the 1.5B target's
+// projections 0.93x the time at 9 rows, 0.95x at 17). The rows' float sums live on the stack either
+// way (R x B of them next to R x B integer accumulators).
 constexpr int kTileRows = 5;
 constexpr int kTileBlocks = 4;
 
@@ -379,35 +379,57 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
   }
 }
 
-// All rows of blocks [b0, b0 + B), in balanced tiles of at most kTileRows (11 rows -> 4 + 4 + 3,
-// not 5 + 5 + 1: each tile unpacks the blocks' weights once more, and a 1-row tile leaves the
+// tile_avx512<tile, B, kVnni> for a tile of 1..R rows.
+template <int R, int B, bool kVnni>
+inline void tile_dispatch(const Problem& p, int64_t b0, int64_t m0, int64_t tile) {
+  if constexpr (R >= 1) {
+    if (tile == R) { tile_avx512<R, B, kVnni>(p, b0, m0); return; }
+    if constexpr (R > 1) tile_dispatch<R - 1, B, kVnni>(p, b0, m0, tile);
+  }
+}
+
+// All rows of blocks [b0, b0 + B), in balanced tiles of at most kMaxRows (11 rows -> 4 + 4 + 3 at
+// 5, not 5 + 5 + 1: each tile unpacks the blocks' weights once more, and a 1-row tile leaves the
 // integer units idle).
-template <int B, bool kVnni>
+template <int B, int kMaxRows, bool kVnni>
 void rows_avx512(const Problem& p, int64_t b0) {
   for (int64_t m0 = 0, rows = p.M; rows > 0;) {
-    const int64_t tiles = (rows + kTileRows - 1) / kTileRows, tile = (rows + tiles - 1) / tiles;
-    switch (tile) {
-      case 5: tile_avx512<5, B, kVnni>(p, b0, m0); break;
-      case 4: tile_avx512<4, B, kVnni>(p, b0, m0); break;
-      case 3: tile_avx512<3, B, kVnni>(p, b0, m0); break;
-      case 2: tile_avx512<2, B, kVnni>(p, b0, m0); break;
-      default: tile_avx512<1, B, kVnni>(p, b0, m0); break;
-    }
+    const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows, tile = (rows + tiles - 1) / tiles;
+    tile_dispatch<kMaxRows, B, kVnni>(p, b0, m0, tile);
     rows -= tile;
     m0 += tile;
   }
 }
 
-// Blocks [b0, b0 + count): fours, then a pair, then a last single block.
+// Over kTileRows rows, tiles of up to 10 rows x 2 blocks instead of 5 x 4: the same 20 accumulators,
+// and each block's weights unpacked and codes widened once for twice the rows (per row, block and
+// group ~1.8 operations to unpack and widen instead of ~3.6, next to 8 vpdpbusd and 4 float).
+// Measured on the 2-core Sapphire Rapids-class Xeon (benchmarks/w4a8_tile_cycles.py, weights in
+// cache; benchmarks/RESULTS.md, "w4a8: tiles of 10 rows"): 9 rows 1.13-1.16x the multiply-adds per
+// second, 17 rows 1.09-1.14x, 33 rows 1.07-1.09x; tiles of 8 x 2, 7 x 3, 16 x 1 and 20 x 1 gained less.
+constexpr int kTallRows = 10;
+constexpr int kTallBlocks = 2;
+
+// Blocks [b0, b0 + count): fours, then a pair, then a last single block (pairs and singles of
+// taller tiles over kTileRows rows).
 template <bool kVnni>
 void blocks_avx512(const Problem& p, int64_t b0, int64_t count) {
-  for (; count >= kTileBlocks; count -= kTileBlocks, b0 += kTileBlocks) rows_avx512<kTileBlocks, kVnni>(p, b0);
+  if (p.M > kTileRows) {
+    for (; count >= kTallBlocks; count -= kTallBlocks, b0 += kTallBlocks) {
+      rows_avx512<kTallBlocks, kTallRows, kVnni>(p, b0);
+    }
+    if (count) rows_avx512<1, kTallRows, kVnni>(p, b0);
+    return;
+  }
+  for (; count >= kTileBlocks; count -= kTileBlocks, b0 += kTileBlocks) {
+    rows_avx512<kTileBlocks, kTileRows, kVnni>(p, b0);
+  }
   if (count >= 2) {
-    rows_avx512<2, kVnni>(p, b0);
+    rows_avx512<2, kTileRows, kVnni>(p, b0);
     count -= 2;
     b0 += 2;
   }
-  if (count) rows_avx512<1, kVnni>(p, b0);
+  if (count) rows_avx512<1, kTileRows, kVnni>(p, b0);
 }
 
 // Rows in tiles of at most 5, balanced (6 rows -> 3 + 3, not 5 + 1): a 1-row tile leaves the
