@@ -34,9 +34,11 @@ from specdec.models.loader import load_model
 from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
 
 
-def build_other(source: Path, library: str = "specdec_w4a8") -> object:
+def build_other(source: Path, library: str = "specdec_w4a8", extra: str = "") -> object:
     """Compile `source` with its ops moved from namespace `library` to `library`_other; returns
-    torch.ops.<library>_other (benchmarks/attention_ab.py builds kernels/attention.cpp this way)."""
+    torch.ops.<library>_other (benchmarks/attention_ab.py builds kernels/attention.cpp this way).
+    `extra`: C++ appended to the source, NAMESPACE in it replaced by the new namespace (more ops,
+    e.g. benchmarks/w4a8_tile_cycles.py's timing loop)."""
     from torch.utils import cpp_extension
     try:
         import ninja
@@ -46,7 +48,7 @@ def build_other(source: Path, library: str = "specdec_w4a8") -> object:
     other = f"{library}_other"
     text = re.sub(rf"TORCH_LIBRARY(_IMPL)?\({library},", rf"TORCH_LIBRARY\1({other},", source.read_text())
     build = Path(tempfile.mkdtemp(prefix="specdec-kernel-ab-"))
-    (build / f"{other}.cpp").write_text(text)
+    (build / f"{other}.cpp").write_text(text + extra.replace("NAMESPACE", other))
     cpp_extension.load(name=other, sources=[str(build / f"{other}.cpp")], is_python_module=False,
                        extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build))
     return getattr(torch.ops, other)

@@ -19,14 +19,12 @@ tile at its port bound").
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
 
+from kernel_ab import build_other  # benchmarks/kernel_ab.py
 from specdec.models.native import kernels
 from specdec.models.native.w4a8 import ISA_PATHS, isa_path
 
@@ -62,23 +60,6 @@ TORCH_LIBRARY_IMPL(NAMESPACE, CompositeExplicitAutograd, m) { m.impl("time_block
 """
 
 
-def build(source: Path) -> object:
-    """`source` with its ops moved to their own namespace and the timing op added (kernel_ab.py's way)."""
-    from torch.utils import cpp_extension
-    try:
-        import ninja
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    except ImportError:
-        pass
-    namespace = "specdec_w4a8_cycles"
-    text = re.sub(r"TORCH_LIBRARY(_IMPL)?\(specdec_w4a8,", rf"TORCH_LIBRARY\1({namespace},", source.read_text())
-    directory = Path(tempfile.mkdtemp(prefix="specdec-w4a8-cycles-"))
-    (directory / f"{namespace}.cpp").write_text(text + TIMING.replace("NAMESPACE", namespace))
-    cpp_extension.load(name=namespace, sources=[str(directory / f"{namespace}.cpp")], is_python_module=False,
-                       extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(directory))
-    return getattr(torch.ops, namespace)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", type=Path, default=KERNEL, help="a w4a8.cpp (default: the tree's)")
@@ -93,7 +74,7 @@ def main() -> None:
     if path == "avx512_vnni" and isa_path() != "avx512_vnni":
         raise SystemExit("this CPU (or its ONEDNN_MAX_CPU_ISA cap) has no AVX512-VNNI path")
     isa = ISA_PATHS[path]
-    ops = build(args.source)
+    ops = build_other(args.source, extra=TIMING)
     torch.set_num_threads(1)
     peak = max(torch.ops.specdec_w4a8.int8_peak(isa) for _ in range(3))
     print(f"path {path}, one thread: int8 peak {peak / 1e9:.0f} G multiply-adds/s")

@@ -89,6 +89,12 @@ class AdaptiveK:
         self._plain_in_a_row = 0
         self._explore_gap = explore_every
 
+    @classmethod
+    def for_proposer(cls, max_k: int, proposer) -> AdaptiveK:
+        """Both engines' `-k auto` controller: the tokens `proposer` (None: plain decoding) adds to
+        each drafting row's forward besides its drafts count in the step's cost."""
+        return cls(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
+
     # ---- requests ---------------------------------------------------------------------------
 
     def start_row(self, handle: Hashable) -> None:

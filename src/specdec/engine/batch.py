@@ -105,8 +105,7 @@ class BatchEngine:
                                            or spec_max_batch < 1):
             raise ValueError(f"spec_max_batch must be an integer >= 1 or None, got {spec_max_batch!r}")
         # k "auto": each step's k from measured costs and each row's acceptance (engine/adaptive.py)
-        self.adaptive = (AdaptiveK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
-                         if k == "auto" else None)
+        self.adaptive = AdaptiveK.for_proposer(max_k, proposer) if k == "auto" else None
         if isinstance(proposer, Proposer) and target.batch_size != 1:
             raise ValueError("a single-sequence proposer serves one row: build the proposer with slots=batch_size")
         self.target, self.proposer, self.tokenizer = target, as_batch(proposer), tokenizer

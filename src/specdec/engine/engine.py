@@ -72,8 +72,7 @@ class SpecEngine:
         self._rows_proposer = as_batch(proposer)
         self.tokenizer = tokenizer
         self.k = k
-        self.adaptive = (AdaptiveK(max_k, extra_tokens=proposer.extra_verify_tokens if proposer is not None else 0)
-                         if k == "auto" else None)
+        self.adaptive = AdaptiveK.for_proposer(max_k, proposer) if k == "auto" else None
         self._k_cap = max_k if k == "auto" else k  # the most a step drafts
         self.eos_token_ids = eos_ids_of(tokenizer) if eos_token_ids is None else frozenset(eos_token_ids)
         self._keeps_hidden = proposer is not None and proposer.reads_target_hidden

@@ -388,9 +388,9 @@ inline void tile_dispatch(const Problem& p, int64_t b0, int64_t m0, int64_t tile
   }
 }
 
-// All rows of blocks [b0, b0 + B), in balanced tiles of at most kMaxRows (11 rows -> 4 + 4 + 3 at
-// 5, not 5 + 5 + 1: each tile unpacks the blocks' weights once more, and a 1-row tile leaves the
-// integer units idle).
+// All rows of blocks [b0, b0 + B), in balanced tiles of at most kMaxRows (at most 5: 11 rows run as
+// 4 + 4 + 3, not 5 + 5 + 1; each tile unpacks the blocks' weights once more, and a 1-row tile leaves
+// the integer units idle).
 template <int B, int kMaxRows, bool kVnni>
 void rows_avx512(const Problem& p, int64_t b0) {
   for (int64_t m0 = 0, rows = p.M; rows > 0;) {
@@ -405,8 +405,8 @@ void rows_avx512(const Problem& p, int64_t b0) {
 // and each block's weights unpacked and codes widened once for twice the rows (per row, block and
 // group ~1.8 operations to unpack and widen instead of ~3.6, next to 8 vpdpbusd and 4 float).
 // Measured on the 2-core Sapphire Rapids-class Xeon (benchmarks/w4a8_tile_cycles.py, weights in
-// cache; benchmarks/RESULTS.md, "w4a8: tiles of 10 rows"): 9 rows 1.13-1.16x the multiply-adds per
-// second, 17 rows 1.09-1.14x, 33 rows 1.07-1.09x; tiles of 8 x 2, 7 x 3, 16 x 1 and 20 x 1 gained less.
+// cache; benchmarks/RESULTS.md, "w4a8: tiles of 10 rows"): 9 rows 1.11-1.16x the multiply-adds per
+// second, 17 rows 1.07-1.14x, 33 rows 1.07-1.09x; tiles of 8 x 2, 7 x 3, 16 x 1 and 20 x 1 gained less.
 constexpr int kTallRows = 10;
 constexpr int kTallBlocks = 2;
 
