@@ -90,6 +90,7 @@ def draft_runner() -> HFRunner:
 # ISA probes (a subprocess each), then the unit tests on tiny models.
 HEAVY_FIRST = ("test_real_vllm.py", "test_real_eagle3.py", "test_real_heads.py", "test_real_methods.py",
                "test_invariance.py")
+ISA_PROBES = ("under_every_isa_cap[", "runs_the_kernels_its_stand_in_runs[")  # test_invariance.py's subprocesses
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -101,7 +102,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FilesTogetherIsaProbesApart(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid if "under_every_isa_cap[" in nodeid else nodeid.split("::", 1)[0]
+            return nodeid if any(probe in nodeid for probe in ISA_PROBES) else nodeid.split("::", 1)[0]
 
     config.option.loadscopereorder = False  # keep pytest_collection_modifyitems' order: longest first
     return FilesTogetherIsaProbesApart(config, log)
@@ -150,16 +151,23 @@ def _return_freed_memory_after_real_models(request):
 def pytest_terminal_summary(terminalreporter):
     """Say which oneDNN ISA caps the real-shape invariance tests ran under (tests/models/test_invariance.py),
     read from the passed reports, so that it holds when pytest-xdist ran them in other processes."""
-    ran = [report.nodeid.rsplit("[", 1)[1].rstrip("]").replace("-", "/").removesuffix("/none")
-           for report in terminalreporter.stats.get("passed", [])
-           if "test_real_shapes_are_batch_invariant_under_every_isa_cap[" in report.nodeid]
-    if not ran:
+    passed = terminalreporter.stats.get("passed", [])
+
+    def caps(probe: str) -> list[str]:
+        return [report.nodeid.rsplit("[", 1)[1].rstrip("]").replace("-", "/").removesuffix("/none")
+                for report in passed if probe in report.nodeid]
+
+    in_full, stood_in = caps(ISA_PROBES[0]), caps(ISA_PROBES[1])
+    if not in_full:
         return
     from specdec.models.cpu_features import ISA_CAPS, cpu_model, supported_isa_caps
 
     missing = [cap for cap in ISA_CAPS if cap not in supported_isa_caps()]
     terminalreporter.write_line(f"invariance at real shapes on {cpu_model()}: passed under ONEDNN_MAX_CPU_ISA "
-                                f"{', '.join(ran)}; not on this CPU: {', '.join(missing) or 'none'}")
+                                f"{', '.join(in_full)}"
+                                + (f"; the same kernels as a cap above under {', '.join(stood_in)}" if stood_in
+                                   else "")
+                                + f"; not on this CPU: {', '.join(missing) or 'none'}")
 
 
 def run_all(engine, requests: dict) -> dict:

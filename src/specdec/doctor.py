@@ -110,7 +110,7 @@ def kernels_in_use(decoder) -> dict:
     from specdec.models.native import kernels
 
     on_cpu = decoder.device.type == "cpu" and kernels.load() is None
-    where = "specdec's C++ kernel" if on_cpu else "PyTorch ops"
+    where = f"specdec's C++ kernel, {torch.ops.specdec_attention.isa_path()} path" if on_cpu else "PyTorch ops"
     return {"projections": kinds, "dtype": str(decoder.dtype).removeprefix("torch."),
             "attention": f"blocked, {KEY_BLOCK}-key blocks aligned to position 0, fp32, combined in block order "
                          f"({where})"}

@@ -8,6 +8,7 @@ summary says which caps ran.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -158,21 +159,34 @@ CAP_DTYPES = ([(cap, "float32", "none") for cap in CAPS_HERE]
               + [(cap, "float32" if cap == "AVX2" else "bfloat16", "w4a8") for cap in CAPS_HERE])
 CONTEXTS = [n for power in range(4, 13) for n in (2 ** power - 1, 2 ** power + 1)]  # 15, 17, ..., 4095, 4097
 
+# Caps under which oneDNN runs the kernels of a lower cap for a dtype: its fp32 matmul has no
+# VNNI, BF16 or AMX kernel (brg_matmul:avx512_core under all four AVX-512 caps), and its bf16 matmul
+# none for VNNI (gemm:jit under AVX512_CORE and AVX512_CORE_VNNI); specdec's attention takes its
+# avx512 path under every AVX-512 cap. Read off ONEDNN_VERBOSE on a Sapphire Rapids-class Xeon,
+# torch 2.13. The full probe runs under the lower cap (the stand-in); under these, a test shows
+# that the same kernels run, or runs the full probe where they do not (another oneDNN or CPU).
+STAND_INS = {("AVX512_CORE_VNNI", "float32", "none"): "AVX512_CORE",
+             ("AVX512_CORE_BF16", "float32", "none"): "AVX512_CORE",
+             ("AVX512_CORE_AMX", "float32", "none"): "AVX512_CORE",
+             ("AVX512_CORE_VNNI", "bfloat16", "none"): "AVX512_CORE"}
+PROBED_IN_FULL = [case for case in CAP_DTYPES if case not in STAND_INS]
+STOOD_IN_FOR = [case for case in CAP_DTYPES if case in STAND_INS]
+KERNELS_UNDER_CAP = os.path.join(os.path.dirname(__file__), "kernels_under_cap.py")
 
-@pytest.mark.isa
-@pytest.mark.parametrize("cap,dtype,quantize", CAP_DTYPES)
-def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtype, quantize):
-    """One full-size Qwen2.5-1.5B layer with random weights, under ONEDNN_MAX_CPU_ISA=cap: projections
-    with 1..64 rows, chunkings of a 9-token window at contexts around every power of two up to 4k,
-    ragged batched rows and a draft tree, all bit-identical."""
-    report_path = tmp_path / "doctor.json"
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
+
+def one_core_env(**variables) -> dict:
+    env = dict(os.environ, **variables)
     if "PYTEST_XDIST_WORKER" in os.environ:  # one core per test process (`make test`): no oversubscription
         env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def probe_in_full(report_path, cap, dtype, quantize) -> None:
+    """`specdec doctor --synthetic` under ONEDNN_MAX_CPU_ISA=cap: every probe bit-identical."""
     result = subprocess.run([sys.executable, "-m", "specdec.cli", "doctor", "--synthetic", "--dtype", dtype,
                              "--quantize", quantize, "--contexts", ",".join(map(str, CONTEXTS)),
                              "--json", str(report_path)],
-                            env=env, capture_output=True, text=True, timeout=1200)
+                            env=one_core_env(ONEDNN_MAX_CPU_ISA=cap), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["facts"]["onednn_path_in_force"] == cap
@@ -180,6 +194,48 @@ def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtyp
                 if case["name"].startswith("model, context")}
     assert contexts == set(CONTEXTS)
     assert all(case["identical"] for case in report["cases"])
+
+
+@functools.cache  # a stand-in's kernels, read once per test process
+def kernels_under(cap, dtype, quantize) -> frozenset[str]:
+    """The kernels the probe's calls run under cap (kernels_under_cap.py): oneDNN's exec lines
+    without their times (engine, primitive, implementation, memory formats, shapes), and the line
+    naming specdec's own kernel paths."""
+    result = subprocess.run([sys.executable, KERNELS_UNDER_CAP, dtype, quantize],
+                            env=one_core_env(ONEDNN_MAX_CPU_ISA=cap, ONEDNN_VERBOSE="1"),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    kernels = set()
+    for line in result.stdout.splitlines():
+        fields = line.split(",")
+        if fields[0] == "onednn_verbose" and "exec" in fields:
+            kernels.add(",".join(fields[fields.index("exec") + 1:-1]))
+        elif line.startswith("specdec kernels: "):
+            kernels.add(line)
+    matmuls = [kernel for kernel in kernels if ",inner_product," in kernel or ",matmul," in kernel]
+    assert len(matmuls) >= (10 if quantize == "none" else 1), "oneDNN's verbose lines were not read"
+    assert sum(kernel.startswith("specdec kernels: ") for kernel in kernels) == 1
+    return frozenset(kernels)
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("cap,dtype,quantize", PROBED_IN_FULL)
+def test_real_shapes_are_batch_invariant_under_every_isa_cap(tmp_path, cap, dtype, quantize):
+    """One full-size Qwen2.5-1.5B layer with random weights, under ONEDNN_MAX_CPU_ISA=cap: projections
+    with 1..64 rows, chunkings of a 9-token window at contexts around every power of two up to 4k,
+    ragged batched rows and a draft tree, all bit-identical."""
+    probe_in_full(tmp_path / "doctor.json", cap, dtype, quantize)
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("cap,dtype,quantize", STOOD_IN_FOR)
+def test_a_cap_stood_in_for_runs_the_kernels_its_stand_in_runs(tmp_path, cap, dtype, quantize):
+    """The same oneDNN kernels on the same shapes and formats, and the same specdec kernel paths,
+    as under the stand-in cap, whose full probe is the test above: the same bits. Where they
+    differ, the full probe under this cap."""
+    stand_in = STAND_INS[cap, dtype, quantize]
+    if kernels_under(cap, dtype, quantize) != kernels_under(stand_in, dtype, quantize):
+        probe_in_full(tmp_path / "doctor.json", cap, dtype, quantize)
 
 
 def test_this_cpu_runs_at_least_the_avx2_path():

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <initializer_list>
 #include <limits>
 #include <vector>
@@ -853,15 +854,28 @@ at::Tensor tree_attention(const at::Tensor& query, const at::Tensor& keys, const
   return out.to(values.scalar_type());
 }
 
+// The instruction-set path attend_tile takes for head sizes 64 and 128 (`specdec doctor` prints it;
+// the ISA tests compare the kernels each oneDNN cap runs).
+std::string isa_path() {
+#ifdef SPECDEC_X86_VECTOR
+  if (has_avx512()) return "avx512";
+  if (has_avx2()) return "avx2";
+#endif
+  return "scalar";
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec_attention, m) {
   m.def("blocked(Tensor query, Tensor keys, Tensor values, Tensor bias, int block) -> Tensor");
   m.def("tree(Tensor query, Tensor keys, Tensor values, Tensor tail_keys, Tensor tail_values, Tensor tail_bias, "
         "int shared_blocks, int block) -> Tensor");
+  m.def("isa_path() -> str");
 }
 
 TORCH_LIBRARY_IMPL(specdec_attention, CPU, m) {
   m.impl("blocked", &blocked_attention);
   m.impl("tree", &tree_attention);
 }
+
+TORCH_LIBRARY_IMPL(specdec_attention, CompositeExplicitAutograd, m) { m.impl("isa_path", &isa_path); }
