@@ -15,14 +15,16 @@ the bytes per second that sum reads.
 --head times the w4a8 target's output head (151936 x 1536 in w8a8) on specdec's kernel
 (kernels/w8a8.cpp) and on oneDNN's qlinear, interleaved, at 1..17 rows (the same bits on VNNI CPUs).
 
---blocks times whole forwards of the embedded w4a8 target (1, 3, 5 and 9 new tokens after 300
-cached ones) with each decoder block as one C++ call (kernels/block.cpp) and op by op from Python,
-interleaved over 9 passes, and asserts that both give the same logits.
+--blocks times whole forwards of the embedded w4a8 target (--model: or the draft; 1, 3, 5 and 9 new
+tokens after 300 cached ones) in three forms: op by op from Python, each decoder block as one C++
+call (kernels/block.cpp's chain), and every block in one call (its chain_layers), interleaved over
+--passes, and asserts that all give the same logits. `--model glue` times the draft's 24 layers at
+hidden size 128 (random w4a8 weights): there a forward is nearly all glue.
 
   python benchmarks/native_kernels.py
   python benchmarks/native_kernels.py --layers
   python benchmarks/native_kernels.py --head
-  python benchmarks/native_kernels.py --blocks
+  python benchmarks/native_kernels.py --blocks [--model qwen2.5-coder-0.5b] [--passes 21]
 """
 
 from __future__ import annotations
@@ -121,45 +123,72 @@ def time_head(passes: int = 9) -> list[dict]:
     return results
 
 
-def time_blocks(context: int = 300, passes: int = 9) -> list[dict]:
-    """Median ms of the real target's forward, blocks in one call against op by op, interleaved."""
+FORMS = ("op by op", "a call a block", "one call")  # Python's ops; block.cpp's chain per block; chain_layers
+
+
+def _loaded_runner(model: str):
     from specdec.models.loader import load_model
 
-    runner = load_model("qwen2.5-coder-1.5b", quantize="w4a8", progress=False).runner
-    blocks = runner.decoder.blocks
-    if blocks[0].chain_call is None:
-        raise SystemExit("the target's blocks cannot run as one call here (no w4a8 kernels)")
+    return load_model(model, quantize="w4a8", progress=False).runner
+
+
+def glue_runner(layers: int = 24):
+    """The draft's 24 layers at hidden size 128 with random w4a8 weights: a forward's time is then
+    nearly all its glue (calls, dispatch, small ops), which the weights' reading hides in a real one."""
+    from specdec.models.native import NativeRunner
+    from specdec.models.native.config import DecoderConfig
+    from specdec.models.native.invariance import random_decoder
+
+    config = DecoderConfig(model_type="qwen2", vocab_size=1024, hidden_size=128, intermediate_size=256,
+                           num_layers=layers, num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=1e6,
+                           rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=True, qkv_bias=True)
+    return NativeRunner(random_decoder(config, dtype=torch.bfloat16, quantize="w4a8"), initial_cache_len=512)
+
+
+def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: int = 9) -> list[dict]:
+    """Median ms of an embedded w4a8 model's forward in each of FORMS, interleaved."""
+    runner = glue_runner() if model == "glue" else _loaded_runner(model)
+    decoder = runner.decoder
+    blocks, whole = decoder.blocks, decoder.chain_layers
+    if whole is None:
+        raise SystemExit(f"{model}'s blocks cannot run as one call here (no w4a8 kernels)")
     generator = torch.Generator().manual_seed(0)
-    runner.forward(torch.randint(0, 150000, (1, context), generator=generator), torch.arange(context)[None],
+    vocab = decoder.config.vocab_size
+    runner.forward(torch.randint(0, vocab, (1, context), generator=generator), torch.arange(context)[None],
                    last_n_logits=1)
 
-    def forward(steps: int, one_call: bool, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(steps: int, form: str, tokens: torch.Tensor) -> torch.Tensor:
         for block in blocks:
-            block.use_chain_call = one_call
+            block.use_chain_call = form != "op by op"
+        decoder.chain_layers = whole if form == "one call" else None
         started = runner.seq_len
         logits = runner.forward(tokens, torch.arange(started, started + steps)[None]).logits
         runner.truncate([started])
         return logits
 
-    times = {(steps, one_call): [] for steps in (1, 3, 5, 9) for one_call in (True, False)}
+    times = {(steps, form): [] for steps in (1, 3, 5, 9) for form in FORMS}
     with torch.inference_mode():
         for _ in range(passes):
-            for steps, one_call in times:
-                tokens = torch.randint(0, 150000, (1, steps), generator=generator)
+            for steps, form in times:
+                tokens = torch.randint(0, vocab, (1, steps), generator=generator)
                 started = time.perf_counter()
-                forward(steps, one_call, tokens)
-                times[(steps, one_call)].append(time.perf_counter() - started)
+                forward(steps, form, tokens)
+                times[(steps, form)].append(time.perf_counter() - started)
         for steps in (1, 9):
-            tokens = torch.randint(0, 150000, (1, steps), generator=generator)
-            assert torch.equal(forward(steps, True, tokens), forward(steps, False, tokens)), "the two forms differ"
+            tokens = torch.randint(0, vocab, (1, steps), generator=generator)
+            logits = [forward(steps, form, tokens) for form in FORMS]
+            assert all(torch.equal(other, logits[0]) for other in logits[1:]), "the forms differ"
     for block in blocks:
         block.use_chain_call = True
+    decoder.chain_layers = whole
     results = []
-    print(f"{'tokens':>6}{'op by op ms':>13}{'one call ms':>13}{'ratio':>7}")
+    print(f"{model}, {len(blocks)} blocks, {context} cached tokens; median ms over {passes} interleaved passes")
+    print(f"{'tokens':>6}" + "".join(f"{form + ' ms':>18}" for form in FORMS) + f"{'one call / a block':>20}")
     for steps in (1, 3, 5, 9):
-        ops, fused = (statistics.median(times[(steps, one_call)]) * 1e3 for one_call in (False, True))
-        results.append(dict(tokens=steps, context=context, op_by_op_ms=ops, one_call_ms=fused))
-        print(f"{steps:>6}{ops:>13.2f}{fused:>13.2f}{fused / ops:>7.2f}", flush=True)
+        ms = [statistics.median(times[(steps, form)]) * 1e3 for form in FORMS]
+        results.append(dict(model=model, tokens=steps, context=context, op_by_op_ms=ms[0], call_per_block_ms=ms[1],
+                            one_call_ms=ms[2]))
+        print(f"{steps:>6}" + "".join(f"{value:>18.2f}" for value in ms) + f"{ms[2] / ms[1]:>20.3f}", flush=True)
     return results
 
 
@@ -169,12 +198,17 @@ def main() -> None:
     parser.add_argument("--head", action="store_true", help="time the w8a8 output head on both kernels")
     parser.add_argument("--blocks", action="store_true",
                         help="time the real target's forward with its blocks as one call each and op by op")
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b",
+                        help="--blocks: the embedded model to time, or `glue`: the draft's 24 layers at hidden size "
+                             "128 (random weights), whose forward is nearly all glue")
+    parser.add_argument("--passes", type=int, default=9, help="--blocks: interleaved passes (medians over them)")
     parser.add_argument("--json", default=None, help="where to write the results (default: benchmarks/results/"
                         "native_kernels.json, or native_kernels_layers/_head/_blocks.json)")
     args = parser.parse_args()
     if args.layers or args.head or args.blocks:
         mode = "layers" if args.layers else "head" if args.head else "blocks"
-        results = {"layers": time_layers, "head": time_head, "blocks": time_blocks}[mode]()
+        results = (time_blocks(args.model, passes=args.passes) if args.blocks
+                   else {"layers": time_layers, "head": time_head}[mode]())
         path = Path(args.json or f"benchmarks/results/native_kernels_{mode}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1))

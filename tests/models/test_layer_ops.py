@@ -84,35 +84,47 @@ def test_a_model_with_the_kernels_agrees_with_its_pytorch_fallback():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_w4a8_block_in_one_call_gives_the_op_by_op_bits(dtype, monkeypatch):
-    """kernels/block.cpp against Block.forward's op-by-op form: a prefill, decode steps, chains of
-    drafts, a second batch row of another length, and a forward over one cache row (CacheRows)."""
-    from specdec.models.native.model import ChainBlockCall
+def test_w4a8_blocks_in_one_call_give_the_op_by_op_bits(dtype, monkeypatch):
+    """kernels/block.cpp against Block.forward's op-by-op form, and every block in one call
+    (chain_layers) against one call per block: a prefill, decode steps, chains of drafts, a second
+    batch row of another length, and a forward over one cache row (CacheRows); the logits, and the
+    features EAGLE-3 reads from layers 0, 2 and the last (capture_layers)."""
+    from specdec.models.native.model import ChainBlockCall, ChainLayersCall
 
-    calls = []
-    real_call = ChainBlockCall.__call__
-    monkeypatch.setattr(ChainBlockCall, "__call__", lambda self, *args: calls.append(1) or real_call(self, *args))
+    calls = {"layers": [], "blocks": []}
+    for cls, form in ((ChainLayersCall, "layers"), (ChainBlockCall, "blocks")):
+        real_call = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *args, real_call=real_call, form=form:
+                            calls[form].append(1) or real_call(self, *args))
     model = make_model(seed=5, layers=3, hidden=64, random_bias=True)  # random q/k/v biases: Qwen2's
     outputs = {}
-    for one_call in (True, False):
+    for form in ("layers", "blocks", "ops"):
         runner = make_native(model, dtype=dtype, quantize="w4a8", batch_size=2)
-        for block in runner.decoder.blocks:
+        decoder = runner.decoder
+        assert decoder.chain_layers is not None
+        if form != "layers":
+            decoder.chain_layers = None
+        for block in decoder.blocks:
             assert block.chain_call is not None
-            block.use_chain_call = one_call
+            block.use_chain_call = form != "ops"
+        decoder.capture_layers((0, 2, 3))
         generator = torch.Generator().manual_seed(9)
-        logits = [runner.forward(torch.randint(2, 30, (2, 37), generator=generator),
-                                 torch.arange(37).expand(2, -1)).logits]
+        out = runner.forward(torch.randint(2, 30, (2, 37), generator=generator), torch.arange(37).expand(2, -1))
+        results = [out.logits, out.hidden]
         for steps in (1, 4, 1, 9):
             start = runner.seq_len
-            logits.append(runner.forward(torch.randint(2, 30, (2, steps), generator=generator),
-                                         torch.arange(start, start + steps).expand(2, -1)).logits)
+            out = runner.forward(torch.randint(2, 30, (2, steps), generator=generator),
+                                 torch.arange(start, start + steps).expand(2, -1))
+            results += [out.logits, out.hidden]
         start = runner.cache.seq_lens[1]
-        logits.append(runner.forward(torch.randint(2, 30, (1, 3), generator=generator),
-                                     torch.arange(start, start + 3)[None], rows=slice(1, 2)).logits)
-        outputs[one_call] = logits
-    assert len(calls) == 6 * 3  # every chain forward ran one call per block
-    for fused, ops in zip(outputs[True], outputs[False]):
-        assert torch.equal(fused, ops)
+        out = runner.forward(torch.randint(2, 30, (1, 3), generator=generator), torch.arange(start, start + 3)[None],
+                             rows=slice(1, 2))
+        outputs[form] = results + [out.logits, out.hidden]
+    assert len(calls["layers"]) == 6  # every chain forward ran one call for all blocks
+    assert len(calls["blocks"]) == 6 * 3  # and here one call per block
+    for form in ("layers", "blocks"):
+        for fused, ops in zip(outputs[form], outputs["ops"], strict=True):
+            assert torch.equal(fused, ops)
 
 
 def test_blocks_that_are_not_all_w4a8_run_op_by_op():

@@ -11,6 +11,11 @@
 //   x = x + o(a); x = x + down(silu(gate) * up) with gate, up = gate_up(rms_norm(x)).
 // rms_norm, split_rope, blocked attention and the w4a8 projections are specdec's own kernels
 // (called through the dispatcher); silu, mul and add are ATen's, as in Python.
+//
+// chain_layers runs every block of the model in one call: the Python loop over blocks, with its
+// module calls and argument lists, cost 41-70 us a layer (1.0-1.7 ms of a forward of the 24-layer
+// 0.5B draft, whose step takes ~30 ms, on the 2-core AMX Xeon; benchmarks/RESULTS.md, "Every block
+// in one call: the layer loop in C++ (issue 38, item 3)").
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,20 +38,27 @@ c10::TypedOperatorHandle<Fn> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
 }
 
-// weights: for qkv, o, gate_up, down in turn, (packed, codes, supers); biases: one per projection or
-// none; outputs: each projection's real output count. x [B, T, H]; cos, sin [B, 1, T, D];
-// cache_keys, cache_values [L, rows, Hkv, S, D]; the block's rows are first_row .. first_row + B,
-// and row b's new tokens go to slots starts[b] ..; bias: the forward's one ChainChunk bias.
-at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, const at::Tensor& mlp_norm, double eps,
-                       at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
-                       at::IntArrayRef outputs, int64_t isa, const at::Tensor& cos, const at::Tensor& sin,
-                       int64_t heads, int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
-                       const at::Tensor& cache_values, int64_t layer, int64_t first_row, at::IntArrayRef starts,
-                       int64_t key_length, const at::Tensor& bias, int64_t block) {
-  TORCH_CHECK(x.dim() == 3 && weights.size() == 12 && biases.size() == 4 && outputs.size() == 4,
-              "chain_block: x [B, T, H], 4 projections of (packed, codes, supers), 4 biases, 4 output counts");
+// The chain's attention: which cache rows and slots it writes and reads (the same for every layer).
+struct ChainCache {
+  const at::Tensor& keys;    // [L, rows, Hkv, S, D]
+  const at::Tensor& values;  // [L, rows, Hkv, S, D]
+  int64_t first_row;
+  at::IntArrayRef starts;
+  int64_t key_length;
+  const at::Tensor& bias;
+  int64_t block;
+};
+
+// One layer. weights: for qkv, o, gate_up, down in turn, (packed, codes, supers); biases: one per
+// projection or none; outputs: each projection's real output count. x [B, T, H]; cos, sin [B, 1, T, D];
+// the block's rows are first_row .. first_row + B, and row b's new tokens go to slots starts[b] ..;
+// bias: the forward's one ChainChunk bias.
+at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& attention_norm, const at::Tensor& mlp_norm, double eps,
+                         const at::Tensor* weights, const c10::optional<at::Tensor>* biases, at::IntArrayRef outputs,
+                         int64_t isa, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
+                         int64_t dim, const ChainCache& cache, int64_t layer) {
   const int64_t batch = x.size(0), steps = x.size(1), groups = heads / kv_heads;
-  TORCH_CHECK(static_cast<int64_t>(starts.size()) == batch, "chain_block: one start per row");
+  TORCH_CHECK(static_cast<int64_t>(cache.starts.size()) == batch, "chain_block: one start per row");
   static const auto linear = op<LinearFn>("specdec_w4a8::linear");
   static const auto norm = op<NormFn>("specdec_layer::rms_norm");
   static const auto split_rope = op<RopeFn>("specdec_layer::split_rope");
@@ -54,8 +66,7 @@ at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, co
   const c10::optional<at::ScalarType> dtype = x.scalar_type();
   auto project = [&](int index, const at::Tensor& input) {  // [B, T, K] -> [B, T, N], as W4A8Linear.forward
     const at::Tensor rows = input.reshape({-1, input.size(-1)});
-    const c10::optional<at::Tensor> projection_bias = biases.get(index);
-    return linear.call(rows, weights[3 * index], weights[3 * index + 1], weights[3 * index + 2], projection_bias, isa,
+    return linear.call(rows, weights[3 * index], weights[3 * index + 1], weights[3 * index + 2], biases[index], isa,
                        outputs[index], dtype)
         .view({batch, steps, outputs[index]});
   };
@@ -63,16 +74,16 @@ at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, co
   // Attention (model.py's Attention.forward and attention.py's chain_attention, one chunk).
   const std::vector<at::Tensor> qkv = split_rope.call(project(0, norm.call(x, attention_norm, eps)), cos, sin, heads,
                                                       kv_heads, dim);
-  const at::Tensor layer_keys = cache_keys.select(0, layer), layer_values = cache_values.select(0, layer);
+  const at::Tensor layer_keys = cache.keys.select(0, layer), layer_values = cache.values.select(0, layer);
   for (int64_t b = 0; b < batch; ++b) {
-    layer_keys.select(0, first_row + b).narrow(1, starts[b], steps).copy_(qkv[1].select(0, b));
-    layer_values.select(0, first_row + b).narrow(1, starts[b], steps).copy_(qkv[2].select(0, b));
+    layer_keys.select(0, cache.first_row + b).narrow(1, cache.starts[b], steps).copy_(qkv[1].select(0, b));
+    layer_values.select(0, cache.first_row + b).narrow(1, cache.starts[b], steps).copy_(qkv[2].select(0, b));
   }
-  const at::Tensor keys = layer_keys.narrow(0, first_row, batch).narrow(2, 0, key_length).unsqueeze(2);
-  const at::Tensor values = layer_values.narrow(0, first_row, batch).narrow(2, 0, key_length).unsqueeze(2);
+  const at::Tensor keys = layer_keys.narrow(0, cache.first_row, batch).narrow(2, 0, cache.key_length).unsqueeze(2);
+  const at::Tensor values = layer_values.narrow(0, cache.first_row, batch).narrow(2, 0, cache.key_length).unsqueeze(2);
   const at::Tensor rows =
       qkv[0].view({batch, kv_heads, groups, steps, dim}).reshape({batch, kv_heads, 1, groups * steps, dim});
-  const at::Tensor attended = attend.call(rows, keys, values, bias, block)
+  const at::Tensor attended = attend.call(rows, keys, values, cache.bias, cache.block)
                                   .reshape({batch, kv_heads, groups, steps, dim})
                                   .reshape({batch, heads, steps, dim})
                                   .transpose(1, 2)
@@ -84,12 +95,68 @@ at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, co
   return mid + project(3, at::silu(gate_up[0]) * gate_up[1]);
 }
 
+// One block (model.py's ChainBlockCall).
+at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, const at::Tensor& mlp_norm, double eps,
+                       at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
+                       at::IntArrayRef outputs, int64_t isa, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t heads, int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
+                       const at::Tensor& cache_values, int64_t layer, int64_t first_row, at::IntArrayRef starts,
+                       int64_t key_length, const at::Tensor& bias, int64_t block) {
+  TORCH_CHECK(x.dim() == 3 && weights.size() == 12 && biases.size() == 4 && outputs.size() == 4,
+              "chain_block: x [B, T, H], 4 projections of (packed, codes, supers), 4 biases, 4 output counts");
+  const c10::optional<at::Tensor> layer_biases[4] = {biases.get(0), biases.get(1), biases.get(2), biases.get(3)};
+  const ChainCache cache{cache_keys, cache_values, first_row, starts, key_length, bias, block};
+  return layer_forward(x, attention_norm, mlp_norm, eps, weights.data(), layer_biases, outputs, isa, cos, sin, heads,
+                       kv_heads, dim, cache, layer);
+}
+
+// Every block in turn (model.py's ChainLayersCall): norms, weights and biases are the blocks' in
+// order (2, 12 and 4 a block); outputs are shared (every block has the same shapes). Returns the
+// last block's output, then the stream entering each layer in `capture` (EAGLE-3's features), in
+// capture's order.
+std::vector<at::Tensor> chain_layers(const at::Tensor& x, at::TensorList norms, double eps, at::TensorList weights,
+                                     const c10::List<c10::optional<at::Tensor>>& biases, at::IntArrayRef outputs,
+                                     int64_t isa, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                     int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
+                                     const at::Tensor& cache_values, int64_t first_row, at::IntArrayRef starts,
+                                     int64_t key_length, const at::Tensor& bias, int64_t block,
+                                     at::IntArrayRef capture) {
+  const int64_t layers = static_cast<int64_t>(norms.size()) / 2;
+  TORCH_CHECK(x.dim() == 3 && static_cast<int64_t>(norms.size()) == 2 * layers &&
+                  static_cast<int64_t>(weights.size()) == 12 * layers &&
+                  static_cast<int64_t>(biases.size()) == 4 * layers && outputs.size() == 4,
+              "chain_layers: x [B, T, H], per block 2 norms, 4 projections of (packed, codes, supers) and 4 biases; "
+              "4 output counts");
+  const ChainCache cache{cache_keys, cache_values, first_row, starts, key_length, bias, block};
+  std::vector<at::Tensor> out(1 + capture.size());
+  at::Tensor h = x;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    for (size_t i = 0; i < capture.size(); ++i)
+      if (capture[i] == layer) out[1 + i] = h;
+    const c10::optional<at::Tensor> layer_biases[4] = {biases.get(4 * layer), biases.get(4 * layer + 1),
+                                                       biases.get(4 * layer + 2), biases.get(4 * layer + 3)};
+    h = layer_forward(h, norms[2 * layer], norms[2 * layer + 1], eps, weights.data() + 12 * layer, layer_biases,
+                      outputs, isa, cos, sin, heads, kv_heads, dim, cache, layer);
+  }
+  out[0] = h;
+  for (size_t i = 0; i < capture.size(); ++i)
+    TORCH_CHECK(out[1 + i].defined(), "chain_layers: capture layer ", capture[i], " is not among the ", layers,
+                " blocks");
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(specdec_block, m) {
   m.def("chain(Tensor x, Tensor attention_norm, Tensor mlp_norm, float eps, Tensor[] weights, Tensor?[] biases, "
         "int[] outputs, int isa, Tensor cos, Tensor sin, int heads, int kv_heads, int dim, Tensor cache_keys, "
         "Tensor cache_values, int layer, int first_row, int[] starts, int key_length, Tensor bias, int block) -> Tensor");
+  m.def("chain_layers(Tensor x, Tensor[] norms, float eps, Tensor[] weights, Tensor?[] biases, int[] outputs, int isa, "
+        "Tensor cos, Tensor sin, int heads, int kv_heads, int dim, Tensor cache_keys, Tensor cache_values, "
+        "int first_row, int[] starts, int key_length, Tensor bias, int block, int[] capture) -> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(specdec_block, CPU, m) { m.impl("chain", &chain_block); }
+TORCH_LIBRARY_IMPL(specdec_block, CPU, m) {
+  m.impl("chain", &chain_block);
+  m.impl("chain_layers", &chain_layers);
+}
