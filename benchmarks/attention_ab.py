@@ -75,8 +75,7 @@ def time_forwards(other, context: int, row_counts: list[int], passes: int) -> No
     from specdec.models.native import attention
 
     runner = load_model("qwen2.5-coder-1.5b", quantize="w4a8", progress=False).runner
-    for block in runner.decoder.blocks:
-        block.use_chain_call = False  # block.cpp would call this tree's op by name
+    runner.decoder.block_form = "op by op"  # block.cpp would call this tree's op by name
     original = attention.blocked_attention
     use_other = [False]
 

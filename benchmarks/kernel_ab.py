@@ -105,8 +105,7 @@ def main() -> None:
                           "ratio": round(medians["ours"] / medians["other"], 3)}), flush=True)
 
     # Whole forwards, op by op (block.cpp calls our op by name), each linear on the version asked.
-    for block in runner.decoder.blocks:
-        block.use_chain_call = False
+    runner.decoder.block_form = "op by op"
     use_other = [False]
     for linear in linears:
         padded = linear.out_features + (-linear.out_features % 16)

@@ -17,7 +17,7 @@ the bytes per second that sum reads.
 
 --blocks times whole forwards of the embedded w4a8 target (--model: or the draft; 1, 3, 5 and 9 new
 tokens after 300 cached ones) in three forms: op by op from Python, each decoder block as one C++
-call (kernels/block.cpp's chain), and every block in one call (its chain_layers), interleaved over
+call (kernels/block.cpp's chain_layers over one block), and every block in one call, interleaved over
 --passes, and asserts that all give the same logits. `--model glue` times the draft's 24 layers at
 hidden size 128 (random w4a8 weights): there a forward is nearly all glue.
 
@@ -123,7 +123,7 @@ def time_head(passes: int = 9) -> list[dict]:
     return results
 
 
-FORMS = ("op by op", "a call a block", "one call")  # Python's ops; block.cpp's chain per block; chain_layers
+FORMS = ("op by op", "a call a block", "one call")  # model.py's BLOCK_FORMS: Python's ops; block.cpp per block; all blocks
 
 
 def _loaded_runner(model: str):
@@ -149,8 +149,8 @@ def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: i
     """Median ms of an embedded w4a8 model's forward in each of FORMS, interleaved."""
     runner = glue_runner() if model == "glue" else _loaded_runner(model)
     decoder = runner.decoder
-    blocks, whole = decoder.blocks, decoder.chain_layers
-    if whole is None:
+    blocks = decoder.blocks
+    if decoder.chain_call is None:
         raise SystemExit(f"{model}'s blocks cannot run as one call here (no w4a8 kernels)")
     generator = torch.Generator().manual_seed(0)
     vocab = decoder.config.vocab_size
@@ -158,9 +158,7 @@ def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: i
                    last_n_logits=1)
 
     def forward(steps: int, form: str, tokens: torch.Tensor) -> torch.Tensor:
-        for block in blocks:
-            block.use_chain_call = form != "op by op"
-        decoder.chain_layers = whole if form == "one call" else None
+        decoder.block_form = form
         started = runner.seq_len
         logits = runner.forward(tokens, torch.arange(started, started + steps)[None]).logits
         runner.truncate([started])
@@ -178,9 +176,7 @@ def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: i
             tokens = torch.randint(0, vocab, (1, steps), generator=generator)
             logits = [forward(steps, form, tokens) for form in FORMS]
             assert all(torch.equal(other, logits[0]) for other in logits[1:]), "the forms differ"
-    for block in blocks:
-        block.use_chain_call = True
-    decoder.chain_layers = whole
+    decoder.block_form = "one call"
     results = []
     print(f"{model}, {len(blocks)} blocks, {context} cached tokens; median ms over {passes} interleaved passes")
     print(f"{'tokens':>6}" + "".join(f"{form + ' ms':>18}" for form in FORMS) + f"{'one call / a block':>20}")

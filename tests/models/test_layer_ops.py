@@ -86,27 +86,22 @@ def test_a_model_with_the_kernels_agrees_with_its_pytorch_fallback():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_w4a8_blocks_in_one_call_give_the_op_by_op_bits(dtype, monkeypatch):
     """kernels/block.cpp against Block.forward's op-by-op form, and every block in one call
-    (chain_layers) against one call per block: a prefill, decode steps, chains of drafts, a second
+    against one call per block: a prefill, decode steps, chains of drafts, a second
     batch row of another length, and a forward over one cache row (CacheRows); the logits, and the
     features EAGLE-3 reads from layers 0, 2 and the last (capture_layers)."""
-    from specdec.models.native.model import ChainBlockCall, ChainLayersCall
+    from specdec.models.native.model import ChainCall
 
-    calls = {"layers": [], "blocks": []}
-    for cls, form in ((ChainLayersCall, "layers"), (ChainBlockCall, "blocks")):
-        real_call = cls.__call__
-        monkeypatch.setattr(cls, "__call__", lambda self, *args, real_call=real_call, form=form:
-                            calls[form].append(1) or real_call(self, *args))
+    calls = []  # the blocks each C++ call ran
+    real_call = ChainCall.__call__
+    monkeypatch.setattr(ChainCall, "__call__", lambda self, *args: calls.append(len(self.norms) // 2)
+                        or real_call(self, *args))
     model = make_model(seed=5, layers=3, hidden=64, random_bias=True)  # random q/k/v biases: Qwen2's
     outputs = {}
-    for form in ("layers", "blocks", "ops"):
+    for form in ("one call", "a call a block", "op by op"):
         runner = make_native(model, dtype=dtype, quantize="w4a8", batch_size=2)
         decoder = runner.decoder
-        assert decoder.chain_layers is not None
-        if form != "layers":
-            decoder.chain_layers = None
-        for block in decoder.blocks:
-            assert block.chain_call is not None
-            block.use_chain_call = form != "ops"
+        assert decoder.chain_call is not None
+        decoder.block_form = form
         decoder.capture_layers((0, 2, 3))
         generator = torch.Generator().manual_seed(9)
         out = runner.forward(torch.randint(2, 30, (2, 37), generator=generator), torch.arange(37).expand(2, -1))
@@ -120,16 +115,15 @@ def test_w4a8_blocks_in_one_call_give_the_op_by_op_bits(dtype, monkeypatch):
         out = runner.forward(torch.randint(2, 30, (1, 3), generator=generator), torch.arange(start, start + 3)[None],
                              rows=slice(1, 2))
         outputs[form] = results + [out.logits, out.hidden]
-    assert len(calls["layers"]) == 6  # every chain forward ran one call for all blocks
-    assert len(calls["blocks"]) == 6 * 3  # and here one call per block
-    for form in ("layers", "blocks"):
-        for fused, ops in zip(outputs[form], outputs["ops"], strict=True):
+    assert calls == [3] * 6 + [1] * 6 * 3  # every chain forward: one call for all blocks, then one a block
+    for form in ("one call", "a call a block"):
+        for fused, ops in zip(outputs[form], outputs["op by op"], strict=True):
             assert torch.equal(fused, ops)
 
 
 def test_blocks_that_are_not_all_w4a8_run_op_by_op():
     runner = make_native(make_model(seed=5, layers=2, hidden=64), dtype=torch.float32, quantize="none")
-    assert all(block.chain_call is None for block in runner.decoder.blocks)
+    assert runner.decoder.chain_call is None
 
 
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, capsys):

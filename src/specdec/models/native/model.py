@@ -10,6 +10,8 @@ mask among them (tree drafts), because verification feeds k+1 tokens per step.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -123,91 +125,81 @@ class Block(nn.Module):
     def __init__(self, attention_norm: RMSNorm, attention: Attention, mlp_norm: RMSNorm, mlp: MLP) -> None:
         super().__init__()
         self.attention_norm, self.attention, self.mlp_norm, self.mlp = attention_norm, attention, mlp_norm, mlp
-        self.chain_call = ChainBlockCall.of(self)
-        self.use_chain_call = True  # False runs the op-by-op form below (tests and benchmarks compare them)
 
     def forward(self, x, cos, sin, cache, layer, plan, packing=None):
-        if self.use_chain_call and self.chain_call is not None and self.chain_call.covers(x, cos, cache, plan, packing):
-            return self.chain_call(x, cos, sin, cache, layer, plan)
         x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, plan, packing)
         return x + self.mlp(self.mlp_norm(x))
 
 
-class ChainBlockCall:
-    """A w4a8 block's forward over a chain of new tokens as one C++ call (kernels/block.cpp): the
-    same ops in the same order as Block.forward's op-by-op form, so the same bits, without ~40
-    Python-dispatched ops per layer (~4.9 ms of a ~43 ms step of the 1.5B target on a 2-core Zen 4).
-    Trees, ragged batches and prefills longer than one query chunk keep the op-by-op form."""
+# How a chain forward runs its blocks: all in one C++ call (the default), one call a block, or Block.forward's
+# op-by-op form. The same bits in all three (tests/models/test_layer_ops.py); benchmarks/native_kernels.py
+# --blocks times them.
+BLOCK_FORMS = ("one call", "a call a block", "op by op")
 
-    def __init__(self, block: Block) -> None:
-        attention, mlp = block.attention, block.mlp
-        projections = (attention.qkv, attention.out, mlp.gate_up, mlp.down)
-        self.weights = [tensor for linear in projections for tensor in (linear.packed, linear.codes, linear.supers)]
-        self.biases = [linear.bias for linear in projections]
-        self.outputs = [linear.out_features for linear in projections]
-        self.isa = ISA_PATHS[attention.qkv.path]
-        self.dtype = attention.qkv.dtype
-        self.norms = (block.attention_norm.weight, block.mlp_norm.weight, block.attention_norm.eps)
-        self.heads = (attention.num_heads, attention.num_kv_heads, attention.head_dim)
+
+class ChainCall:
+    """w4a8 blocks first_layer, first_layer + 1, ... over a chain of new tokens as one C++ call
+    (kernels/block.cpp's chain_layers): the same ops in the same order as Block.forward's op-by-op
+    form, so the same bits, without ~40 Python-dispatched ops a layer (~4.9 ms of a ~43 ms step of
+    the 1.5B target on a 2-core Zen 4) and the Python loop over blocks (~45 us a layer). Trees,
+    ragged batches and prefills longer than one query chunk keep the op-by-op form."""
+
+    def __init__(self, blocks: list[Block], first_layer: int) -> None:
+        first = blocks[0]
+        self.first_layer = first_layer
+        self.norms = [norm.weight for block in blocks for norm in (block.attention_norm, block.mlp_norm)]
+        self.eps = first.attention_norm.eps
+        self.weights, self.biases = [], []
+        for block in blocks:
+            for linear in _projections(block):
+                self.weights += [linear.packed, linear.codes, linear.supers]
+                self.biases.append(linear.bias)
+        self.outputs = [linear.out_features for linear in _projections(first)]
+        self.isa = ISA_PATHS[first.attention.qkv.path]
+        self.dtype = first.attention.qkv.dtype
+        self.heads = (first.attention.num_heads, first.attention.num_kv_heads, first.attention.head_dim)
 
     @staticmethod
-    def of(block: Block) -> ChainBlockCall | None:
-        """The call for a block whose projections are all w4a8 and whose kernels run here, else None."""
-        projections = (block.attention.qkv, block.attention.out, block.mlp.gate_up, block.mlp.down)
-        if not all(isinstance(linear, W4A8Linear) for linear in projections) or kernels.load() is not None:
+    def of(blocks, first_layer: int = 0) -> ChainCall | None:
+        """The call for blocks whose projections are all w4a8 of one path and dtype, with the same shapes
+        and norms in that dtype, where the kernels run here; else None."""
+        blocks = list(blocks)
+        if not blocks or kernels.load() is not None:
             return None
-        if len({linear.path for linear in projections}) != 1 or len({linear.dtype for linear in projections}) != 1:
+        projections = [linear for block in blocks for linear in _projections(block)]
+        if not all(isinstance(linear, W4A8Linear) for linear in projections):
             return None
-        if block.attention_norm.weight.dtype != projections[0].dtype or block.mlp_norm.weight.dtype != projections[0].dtype:
+
+        def shapes(block: Block) -> tuple:
+            attention = block.attention
+            return ([linear.out_features for linear in _projections(block)], block.attention_norm.eps,
+                    attention.num_heads, attention.num_kv_heads, attention.head_dim)
+
+        dtypes = {linear.dtype for linear in projections}
+        norm_dtypes = {norm.weight.dtype for block in blocks for norm in (block.attention_norm, block.mlp_norm)}
+        if (len({linear.path for linear in projections}) != 1 or len(dtypes) != 1 or norm_dtypes != dtypes
+                or any(shapes(block) != shapes(blocks[0]) for block in blocks)):
             return None
-        return ChainBlockCall(block)
+        return ChainCall(blocks, first_layer)
 
     def covers(self, x: torch.Tensor, cos: torch.Tensor, cache, plan: AttentionPlan, packing) -> bool:
         return (packing is None and plan.chain is not None and len(plan.chain) == 1 and x.device.type == "cpu"
                 and x.dtype == self.dtype and cos.dtype == self.dtype and hasattr(cache, "storage"))
 
-    def __call__(self, x, cos, sin, cache, layer: int, plan: AttentionPlan) -> torch.Tensor:
-        keys, values, first_row = cache.storage()
-        attention_norm, mlp_norm, eps = self.norms
-        heads, kv_heads, dim = self.heads
-        return torch.ops.specdec_block.chain(
-            x, attention_norm, mlp_norm, eps, self.weights, self.biases, self.outputs, self.isa, cos, sin,
-            heads, kv_heads, dim, keys, values, layer, first_row, list(cache.seq_lens), plan.key_length,
-            plan.chain[0].bias, KEY_BLOCK)
-
-
-class ChainLayersCall:
-    """Every block's ChainBlockCall in one C++ call (kernels/block.cpp's chain_layers): the same
-    work per block, without the Python loop over blocks (~45 us a layer). Built where every block
-    has a chain call of the same path, dtype and shapes."""
-
-    def __init__(self, calls: list[ChainBlockCall]) -> None:
-        first = calls[0]
-        self.first = first
-        self.norms = [norm for call in calls for norm in call.norms[:2]]
-        self.eps = first.norms[2]
-        self.weights = [weight for call in calls for weight in call.weights]
-        self.biases = [bias for call in calls for bias in call.biases]
-
-    @staticmethod
-    def of(blocks) -> ChainLayersCall | None:
-        calls = [block.chain_call for block in blocks]
-        if not calls or any(call is None for call in calls):
-            return None
-        first = calls[0]
-        same = lambda call: (call.outputs, call.isa, call.dtype, call.heads, call.norms[2]) == (  # noqa: E731
-            first.outputs, first.isa, first.dtype, first.heads, first.norms[2])
-        return ChainLayersCall(calls) if all(same(call) for call in calls) else None
-
-    def __call__(self, x, cos, sin, cache, plan: AttentionPlan, capture: tuple[int, ...]):
+    def __call__(self, x, cos, sin, cache, plan: AttentionPlan, capture: tuple[int, ...] = ()):
         """-> (the last block's output, {layer: the stream entering it} for each layer in capture)."""
         keys, values, first_row = cache.storage()
-        heads, kv_heads, dim = self.first.heads
+        heads, kv_heads, dim = self.heads
         out = torch.ops.specdec_block.chain_layers(
-            x, self.norms, self.eps, self.weights, self.biases, self.first.outputs, self.first.isa, cos, sin,
+            x, self.norms, self.eps, self.weights, self.biases, self.outputs, self.isa, cos, sin,
             heads, kv_heads, dim, keys, values, first_row, list(cache.seq_lens), plan.key_length,
-            plan.chain[0].bias, KEY_BLOCK, list(capture))
+            plan.chain[0].bias, KEY_BLOCK, list(capture), self.first_layer)
         return out[0], dict(zip(capture, out[1:]))
+
+
+def _projections(block: Block) -> tuple[nn.Module, ...]:
+    """A block's four projections, in block.cpp's order."""
+    return block.attention.qkv, block.attention.out, block.mlp.gate_up, block.mlp.down
 
 
 class NativeDecoder(nn.Module):
@@ -219,7 +211,8 @@ class NativeDecoder(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.norm, self.head = norm, head
         self.rotary = Rotary(config.head_dim, config.rope_theta, device)
-        self.chain_layers = ChainLayersCall.of(self.blocks)
+        self.chain_call = ChainCall.of(self.blocks)  # every block in one call, where they are all w4a8
+        self.block_form = BLOCK_FORMS[0]
         # EAGLE-3 reads several layers' features instead of the final one (capture_layers).
         self.feature_layers: tuple[int, ...] = ()
 
@@ -299,6 +292,11 @@ class NativeDecoder(nn.Module):
         cache.advance(steps)
         return logits, hidden
 
+    @functools.cached_property
+    def calls_a_block(self) -> list[ChainCall | None]:
+        """One ChainCall per block: the "a call a block" form, which tests and benchmarks compare."""
+        return [ChainCall.of([block], layer) for layer, block in enumerate(self.blocks)]
+
     @property
     def query_groups(self) -> int:
         """Query heads per kv head."""
@@ -313,16 +311,19 @@ class NativeDecoder(nn.Module):
         x = nn.functional.embedding(token_ids, self.embedding)  # [B, T, H]
         if packing is not None:
             x = packing.pack(x)  # [1, N, H]
-        whole = self.chain_layers
-        if (whole is not None and whole.first.covers(x, cos, cache, plan, packing)
-                and all(block.use_chain_call for block in self.blocks)):
+        whole = self.chain_call if self.block_form == "one call" else None
+        if whole is not None and whole.covers(x, cos, cache, plan, packing):
             x, captured = whole(x, cos, sin, cache, plan, tuple(n for n in self.feature_layers if n < len(self.blocks)))
         else:
             captured = {}  # layer -> the stream entering it
             for layer, block in enumerate(self.blocks):
                 if layer in self.feature_layers:
                     captured[layer] = x
-                x = block(x, cos, sin, cache, layer, plan, packing)
+                alone = self.calls_a_block[layer] if self.block_form == "a call a block" else None
+                if alone is not None and alone.covers(x, cos, cache, plan, packing):
+                    x = alone(x, cos, sin, cache, plan)[0]
+                else:
+                    x = block(x, cos, sin, cache, layer, plan, packing)
         hidden = self.norm(x)
         scored = hidden[:, -last_n_logits:] if last_n_logits else hidden
         logits = self.head(scored).float()

@@ -1,4 +1,5 @@
-// One decoder block of the w4a8 target in one call: model.py's Block.forward for a chain of new tokens.
+// The w4a8 target's decoder blocks in one call: model.py's Block.forward for a chain of new tokens,
+// block after block.
 //
 // Why: a one-token step of the 28-layer 1.5B target ran ~40 PyTorch ops and 9 module calls per
 // layer from Python. With the weights' work taken out (the same 28 layers at hidden size 128), that
@@ -12,8 +13,8 @@
 // rms_norm, split_rope, blocked attention and the w4a8 projections are specdec's own kernels
 // (called through the dispatcher); silu, mul and add are ATen's, as in Python.
 //
-// chain_layers runs every block of the model in one call: the Python loop over blocks, with its
-// module calls and argument lists, cost 41-70 us a layer (1.0-1.7 ms of a forward of the 24-layer
+// chain_layers runs every block of the model in one call (or one block, where benchmarks compare the
+// two forms): the Python loop over blocks, with its module calls and argument lists, cost 41-70 us a layer (1.0-1.7 ms of a forward of the 24-layer
 // 0.5B draft, whose step takes ~30 ms, on the 2-core AMX Xeon; benchmarks/RESULTS.md, "Every block
 // in one call: the layer loop in C++ (issue 38, item 3)").
 
@@ -58,7 +59,7 @@ at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& attention_norm, 
                          int64_t isa, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
                          int64_t dim, const ChainCache& cache, int64_t layer) {
   const int64_t batch = x.size(0), steps = x.size(1), groups = heads / kv_heads;
-  TORCH_CHECK(static_cast<int64_t>(cache.starts.size()) == batch, "chain_block: one start per row");
+  TORCH_CHECK(static_cast<int64_t>(cache.starts.size()) == batch, "chain_layers: one start per row");
   static const auto linear = op<LinearFn>("specdec_w4a8::linear");
   static const auto norm = op<NormFn>("specdec_layer::rms_norm");
   static const auto split_rope = op<RopeFn>("specdec_layer::split_rope");
@@ -95,32 +96,17 @@ at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& attention_norm, 
   return mid + project(3, at::silu(gate_up[0]) * gate_up[1]);
 }
 
-// One block (model.py's ChainBlockCall).
-at::Tensor chain_block(const at::Tensor& x, const at::Tensor& attention_norm, const at::Tensor& mlp_norm, double eps,
-                       at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
-                       at::IntArrayRef outputs, int64_t isa, const at::Tensor& cos, const at::Tensor& sin,
-                       int64_t heads, int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
-                       const at::Tensor& cache_values, int64_t layer, int64_t first_row, at::IntArrayRef starts,
-                       int64_t key_length, const at::Tensor& bias, int64_t block) {
-  TORCH_CHECK(x.dim() == 3 && weights.size() == 12 && biases.size() == 4 && outputs.size() == 4,
-              "chain_block: x [B, T, H], 4 projections of (packed, codes, supers), 4 biases, 4 output counts");
-  const c10::optional<at::Tensor> layer_biases[4] = {biases.get(0), biases.get(1), biases.get(2), biases.get(3)};
-  const ChainCache cache{cache_keys, cache_values, first_row, starts, key_length, bias, block};
-  return layer_forward(x, attention_norm, mlp_norm, eps, weights.data(), layer_biases, outputs, isa, cos, sin, heads,
-                       kv_heads, dim, cache, layer);
-}
-
-// Every block in turn (model.py's ChainLayersCall): norms, weights and biases are the blocks' in
-// order (2, 12 and 4 a block); outputs are shared (every block has the same shapes). Returns the
-// last block's output, then the stream entering each layer in `capture` (EAGLE-3's features), in
-// capture's order.
+// Blocks first_layer, first_layer + 1, ... in turn (model.py's ChainCall): norms, weights and biases
+// are the blocks' in order (2, 12 and 4 a block); outputs are shared (every block has the same
+// shapes). Returns the last block's output, then the stream entering each layer in `capture`
+// (EAGLE-3's features), in capture's order.
 std::vector<at::Tensor> chain_layers(const at::Tensor& x, at::TensorList norms, double eps, at::TensorList weights,
                                      const c10::List<c10::optional<at::Tensor>>& biases, at::IntArrayRef outputs,
                                      int64_t isa, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                                      int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
                                      const at::Tensor& cache_values, int64_t first_row, at::IntArrayRef starts,
                                      int64_t key_length, const at::Tensor& bias, int64_t block,
-                                     at::IntArrayRef capture) {
+                                     at::IntArrayRef capture, int64_t first_layer) {
   const int64_t layers = static_cast<int64_t>(norms.size()) / 2;
   TORCH_CHECK(x.dim() == 3 && static_cast<int64_t>(norms.size()) == 2 * layers &&
                   static_cast<int64_t>(weights.size()) == 12 * layers &&
@@ -130,33 +116,30 @@ std::vector<at::Tensor> chain_layers(const at::Tensor& x, at::TensorList norms, 
   const ChainCache cache{cache_keys, cache_values, first_row, starts, key_length, bias, block};
   std::vector<at::Tensor> out(1 + capture.size());
   at::Tensor h = x;
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    for (size_t i = 0; i < capture.size(); ++i)
-      if (capture[i] == layer) out[1 + i] = h;
-    const c10::optional<at::Tensor> layer_biases[4] = {biases.get(4 * layer), biases.get(4 * layer + 1),
-                                                       biases.get(4 * layer + 2), biases.get(4 * layer + 3)};
-    h = layer_forward(h, norms[2 * layer], norms[2 * layer + 1], eps, weights.data() + 12 * layer, layer_biases,
-                      outputs, isa, cos, sin, heads, kv_heads, dim, cache, layer);
+  for (int64_t i = 0; i < layers; ++i) {
+    const int64_t layer = first_layer + i;
+    for (size_t c = 0; c < capture.size(); ++c)
+      if (capture[c] == layer) out[1 + c] = h;
+    const c10::optional<at::Tensor> layer_biases[4] = {biases.get(4 * i), biases.get(4 * i + 1), biases.get(4 * i + 2),
+                                                       biases.get(4 * i + 3)};
+    h = layer_forward(h, norms[2 * i], norms[2 * i + 1], eps, weights.data() + 12 * i, layer_biases, outputs, isa,
+                      cos, sin, heads, kv_heads, dim, cache, layer);
   }
   out[0] = h;
   for (size_t i = 0; i < capture.size(); ++i)
-    TORCH_CHECK(out[1 + i].defined(), "chain_layers: capture layer ", capture[i], " is not among the ", layers,
-                " blocks");
+    TORCH_CHECK(out[1 + i].defined(), "chain_layers: capture layer ", capture[i], " is not among blocks ",
+                first_layer, "..", first_layer + layers - 1);
   return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(specdec_block, m) {
-  m.def("chain(Tensor x, Tensor attention_norm, Tensor mlp_norm, float eps, Tensor[] weights, Tensor?[] biases, "
-        "int[] outputs, int isa, Tensor cos, Tensor sin, int heads, int kv_heads, int dim, Tensor cache_keys, "
-        "Tensor cache_values, int layer, int first_row, int[] starts, int key_length, Tensor bias, int block) -> Tensor");
   m.def("chain_layers(Tensor x, Tensor[] norms, float eps, Tensor[] weights, Tensor?[] biases, int[] outputs, int isa, "
         "Tensor cos, Tensor sin, int heads, int kv_heads, int dim, Tensor cache_keys, Tensor cache_values, "
-        "int first_row, int[] starts, int key_length, Tensor bias, int block, int[] capture) -> Tensor[]");
+        "int first_row, int[] starts, int key_length, Tensor bias, int block, int[] capture, int first_layer) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(specdec_block, CPU, m) {
-  m.impl("chain", &chain_block);
   m.impl("chain_layers", &chain_layers);
 }
