@@ -33,15 +33,13 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, TokenLogprob, check_generation_options, common_prefix_length, \
     encode_prompt
-from specdec.engine.step import Row, commit_row, queue_hidden, run_adaptive_step, select_target_features
+from specdec.engine.step import Row, commit_row, prefill, record_tree_step, run_adaptive_step
 from specdec.models.loader import eos_ids_of
-from specdec.models.native.runner import NativeRunner
+from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling.params import SamplingParams
@@ -67,6 +65,7 @@ class RowUpdate:
 @dataclass
 class _Running(Row):
     handle: Hashable = None  # the caller's name for the request
+    admitted: float = 0.0  # when add() took it (time to first token counts from here)
     decode_started: float = 0.0
     prefilled: int = 0  # prompt tokens in the cache (all but the last once prefilled)
     overtaken: int = 0  # shorter prompts admitted later but prefilled first (bounded: no starvation)
@@ -89,7 +88,7 @@ class BatchEngine:
     >>> while engine.running: updates = engine.step()
     """
 
-    def __init__(self, target: NativeRunner, proposer: BatchProposer | Proposer | None = None,
+    def __init__(self, target: ModelRunner, proposer: BatchProposer | Proposer | None = None,
                  tokenizer: object | None = None, *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
                  spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8,
                  prompt_cache: bool = True) -> None:
@@ -124,8 +123,10 @@ class BatchEngine:
         # EAGLE / EAGLE-3 / Medusa: the proposer reads the target's features (all of a row's, from its prefill on).
         self._reads_hidden = proposer is not None and proposer.reads_target_hidden
         self._feature_layers = tuple(proposer.target_layers) if proposer is not None else ()
-        self.prompt_cache = (prompt_cache and not self._reads_hidden
-                             and bool(getattr(target, "exact_prefix_reuse", False)))
+        # A copied row lacks the features a head proposer reads, and only a runner whose forward in pieces
+        # equals one forward (the native runner's chunking invariance) may skip a prefix: not transformers'.
+        self.prompt_cache_possible = not self._reads_hidden and bool(getattr(target, "exact_prefix_reuse", False))
+        self.prompt_cache = prompt_cache and self.prompt_cache_possible
         self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds
         self.reused_prompt_tokens = 0  # prompt tokens copied from other rows (parked, or a twin's) instead of prefilled
 
@@ -165,7 +166,7 @@ class BatchEngine:
         if not self.free_slots:
             raise RuntimeError("no free row: wait until a request finishes")
         running = _Running(request, request.params.make_generator(self.target.device), list(request.prompt_ids),
-                           handle=handle)
+                           handle=handle, admitted=time.perf_counter())
         running.stats.prompt_tokens = len(request.prompt_ids)
         row = self.running  # rows are packed: decoding rows first, then the ones being prefilled
         # A twin's prefill is shared by copying its cache rows; a head proposer would also need the
@@ -261,13 +262,7 @@ class BatchEngine:
             count = want if budget is None else min(want, budget)
             if count > 0:
                 started = time.perf_counter()
-                ids = torch.tensor([running.request.prompt_ids[running.prefilled:running.prefilled + count]],
-                                   dtype=torch.int64, device=self.target.device)
-                positions = torch.arange(running.prefilled, running.prefilled + count, device=self.target.device)
-                self._select_features()
-                output = self.target.forward(ids, positions[None], rows=slice(row, row + 1), last_n_logits=1)
-                if self._reads_hidden:
-                    queue_hidden(running, output.hidden)
+                prefill(self.target, running, running.prefilled, count, row, self.features)
                 running.prefilled += count
                 running.stats.prefill_time_s += time.perf_counter() - started
                 if budget is not None:
@@ -275,18 +270,22 @@ class BatchEngine:
             if running.prefilled < len(running.request.prompt_ids) - 1:
                 return  # the budget ran out mid-prompt
             self._prefilling.pop(0)  # complete: it decodes from the next step, in place
-            if self.proposer is not None:
-                self.proposer.start_row(row)
-            if self.adaptive is not None:
-                self.adaptive.start_row(running.handle)
+            self.start_row(row, running.handle)
             running.decode_started = time.perf_counter()
             self._rows.append(running)
 
-    def _select_features(self) -> None:
-        """The target's forward hands over what the proposer reads (EAGLE-3: inner layers). Set before
-        every prefill forward, as run_step does before every step's: other engines may share the target's weights."""
-        if self._reads_hidden:
-            select_target_features(self.target, self._feature_layers)
+    @property
+    def features(self) -> tuple[int, ...] | None:
+        """The target's features the proposer reads: its final ones (), or those of these layers
+        (EAGLE-3); None where it reads none."""
+        return self._feature_layers if self._reads_hidden else None
+
+    def start_row(self, row: int, handle: Hashable) -> None:
+        """A request starts decoding in row: the proposer and -k auto's controller start afresh there."""
+        if self.proposer is not None:
+            self.proposer.start_row(row)
+        if self.adaptive is not None:
+            self.adaptive.start_row(handle)
 
     def _row_with_prompt(self, prompt_ids: list[int]) -> int | None:
         """A decoding row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
@@ -320,6 +319,17 @@ class BatchEngine:
         self._parked.clear()  # an error may have left any row half-written
         return handles
 
+    def forget_prompt_cache(self) -> None:
+        """Drop the parked rows (their entries may have been overwritten: another engine shares the target)."""
+        self._parked.clear()
+
+    def forget_earlier_requests(self) -> None:
+        """Empty what earlier requests left: the prompt cache, and what the proposer learned (suffix
+        decoding's cache), so the next request runs as if it were the first."""
+        self.forget_prompt_cache()
+        if self.proposer is not None:
+            self.proposer.forget_earlier_requests()
+
     # ---- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[RowUpdate]:
@@ -342,12 +352,16 @@ class BatchEngine:
         # Steps 1-5 and 7 (engine/step.py), then 6: commit, cut at EOS / stop / length; finished rows leave.
         result = run_adaptive_step(self.target, self.proposer, rows, max_ks, self.adaptive,
                                    [row.handle for row in rows])
+        if batch == 1:  # --tree-size auto learns what one row's tree costs and brings
+            record_tree_step(self.proposer, result)
         updates, finished = [], []
         now = time.perf_counter()
         for b, row in enumerate(rows):
             before = len(row.request.token_logprobs)
             kept = commit_row(row, result, b, self.max_context)
             row.stats.decode_time_s = now - row.decode_started
+            if kept and not row.stats.first_token_s:
+                row.stats.first_token_s = now - row.admitted
             text = row.request.text_delta() if self.tokenizer is not None else ""
             logprobs = row.request.token_logprobs[before:] if row.request.logprobs is not None else None
             updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats,
@@ -370,7 +384,10 @@ class BatchEngine:
         if self.adaptive is not None:  # the request is gone: so are its rates
             self.adaptive.forget(self._rows[row].handle)
         last = len(self._rows) - 1
-        move = self.target.swap_rows if keep else self.target.move_row
+
+        def move(source: int, destination: int) -> None:  # a lone row never moves (transformers' runner has one)
+            (self.target.swap_rows if keep else self.target.move_row)(source, destination)
+
         if row != last:
             move(last, row)
             if self.proposer is not None:

@@ -182,6 +182,27 @@ def queue_hidden(row: Row, hidden: torch.Tensor | None) -> None:
     row.pending_hidden = hidden if row.pending_hidden is None else torch.cat([row.pending_hidden, hidden], dim=1)
 
 
+def prefill(target, row: Row, start: int, count: int, cache_row: int, features: tuple[int, ...] | None) -> None:
+    """Feed row.tokens[start:start + count] into the target's cache row cache_row; features: the
+    target's features the proposer reads (select_target_features), queued for it; None: none."""
+    device = target.device
+    ids = torch.tensor([row.tokens[start:start + count]], dtype=torch.int64, device=device)
+    positions = torch.arange(start, start + count, device=device)[None]
+    if features is not None:
+        select_target_features(target, features)
+    output = target.forward(ids, positions, rows=slice(cache_row, cache_row + 1), last_n_logits=1)
+    if features is not None:
+        queue_hidden(row, output.hidden)
+
+
+def record_tree_step(proposer: BatchProposer | None, result: StepResult) -> None:
+    """--tree-size auto: a one-row step that verified a tree teaches the proposer's budget what
+    verifying that many tokens cost and how many it accepted (proposers/tree_budget.py)."""
+    if result.trees[0] is not None and proposer is not None and proposer.tree_budget is not None:
+        proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
+                                    accepted=result.accepted[0])
+
+
 def select_target_features(runner, layers: tuple[int, ...]) -> None:
     """Which features the target's forward hands over: its final ones (), or the named layers'
     (EAGLE-3). Set before every forward that reads them: engines may share one target's weights."""
