@@ -52,12 +52,11 @@ class EagleProposer(Proposer):
             raise ValueError(f"tree_size must be an integer >= 0 (0 = a chain) or 'auto', got {tree_size!r}")
         if tree_topk < 1:
             raise ValueError(f"tree_topk must be >= 1, got {tree_topk}")
-        # auto: the engine reports each step's verification here (SpecEngine), and the budget sizes the next tree.
+        # auto: the engine reports each one-row step's verification here (step.py's record_tree_step), and
+        # the budget sizes the next tree.
         self.tree_budget = TreeBudget(max_tree_size) if tree_size == "auto" else None
         tree_size = max_tree_size if tree_size == "auto" else tree_size
         self.head, self.vocab = head, vocab
-        self._read = getattr(head, "read_target", lambda hidden: hidden)
-        self._to_output = getattr(head, "to_output", lambda feature: feature)
         self.target_layers = tuple(head.config.aux_layers)  # the target features it reads; () = the final ones
         self.tree_size, self.tree_topk = tree_size, tree_topk
         self.dtype = next(head.parameters()).dtype
@@ -96,7 +95,7 @@ class EagleProposer(Proposer):
         next_tokens = ctx.token_ids[:, start + 1: context_len].to(self.vocab.embedding.device)
         positions = torch.arange(start, start + count, device=next_tokens.device)[None]
         mask = attention_mask([start], count, start + count, None, next_tokens.device)
-        predicted = self.head(self._read(hidden.to(self.dtype)), self.vocab.embed(next_tokens), positions,
+        predicted = self.head(self.head.read_target(hidden.to(self.dtype)), self.vocab.embed(next_tokens), positions,
                               cache=self.cache, mask=mask)
         self.committed = start + count
         self.root_feature = predicted[:, -1:]
@@ -105,7 +104,7 @@ class EagleProposer(Proposer):
         feature, position = self.root_feature, self.committed
         tokens, draft_probs = [], []
         for index in range(max_k):
-            logits = self.vocab.logits(self._to_output(feature[:, -1]))  # [1, N]
+            logits = self.vocab.logits(self.head.to_output(feature[:, -1]))  # [1, N]
             if ctx.params.greedy:
                 token = self.vocab.to_target_ids(logits.argmax(dim=-1))  # [1]
             else:
@@ -130,7 +129,7 @@ class EagleProposer(Proposer):
         slots: dict[int, int] = {}  # expanded node -> its slot in the head cache
 
         def add_children(parent: int, feature: torch.Tensor, base: float) -> list[int]:
-            log_probs = torch.log_softmax(self.vocab.logits(self._to_output(feature)), dim=-1)  # [N]
+            log_probs = torch.log_softmax(self.vocab.logits(self.head.to_output(feature)), dim=-1)  # [N]
             best = torch.topk(log_probs, min(topk, log_probs.shape[-1]))
             added = []
             for value, reduced in zip(best.values.tolist(), best.indices.tolist()):

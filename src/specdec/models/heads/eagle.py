@@ -38,6 +38,14 @@ class EagleHead(nn.Module):
         self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
 
+    # The proposer's two hooks, as Eagle3Head's (proposers/heads.py: EagleProposer serves both): EAGLE
+    # reads the target's final features as they are, and its output matrix reads what it predicts.
+    def read_target(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+    def to_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
     def forward(
         self,
         features: torch.Tensor,  # [B, T, H] f_j (the target's, or the head's own predictions)
