@@ -123,9 +123,6 @@ def time_head(passes: int = 9) -> list[dict]:
     return results
 
 
-FORMS = ("op by op", "a call a block", "one call")  # model.py's BLOCK_FORMS: Python's ops; block.cpp per block; all blocks
-
-
 def _loaded_runner(model: str):
     from specdec.models.loader import load_model
 
@@ -146,7 +143,9 @@ def glue_runner(layers: int = 24):
 
 
 def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: int = 9) -> list[dict]:
-    """Median ms of an embedded w4a8 model's forward in each of FORMS, interleaved."""
+    """Median ms of an embedded w4a8 model's forward in each of model.py's BLOCK_FORMS, interleaved."""
+    from specdec.models.native.model import BLOCK_FORMS
+
     runner = glue_runner() if model == "glue" else _loaded_runner(model)
     decoder = runner.decoder
     blocks = decoder.blocks
@@ -164,7 +163,7 @@ def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: i
         runner.truncate([started])
         return logits
 
-    times = {(steps, form): [] for steps in (1, 3, 5, 9) for form in FORMS}
+    times = {(steps, form): [] for steps in (1, 3, 5, 9) for form in BLOCK_FORMS}
     with torch.inference_mode():
         for _ in range(passes):
             for steps, form in times:
@@ -174,17 +173,18 @@ def time_blocks(model: str = "qwen2.5-coder-1.5b", context: int = 300, passes: i
                 times[(steps, form)].append(time.perf_counter() - started)
         for steps in (1, 9):
             tokens = torch.randint(0, vocab, (1, steps), generator=generator)
-            logits = [forward(steps, form, tokens) for form in FORMS]
+            logits = [forward(steps, form, tokens) for form in BLOCK_FORMS]
             assert all(torch.equal(other, logits[0]) for other in logits[1:]), "the forms differ"
     decoder.block_form = "one call"
     results = []
     print(f"{model}, {len(blocks)} blocks, {context} cached tokens; median ms over {passes} interleaved passes")
-    print(f"{'tokens':>6}" + "".join(f"{form + ' ms':>18}" for form in FORMS) + f"{'one call / a block':>20}")
+    print(f"{'tokens':>6}" + "".join(f"{form + ' ms':>18}" for form in BLOCK_FORMS) + f"{'one call / a block':>20}")
     for steps in (1, 3, 5, 9):
-        ms = [statistics.median(times[(steps, form)]) * 1e3 for form in FORMS]
-        results.append(dict(model=model, tokens=steps, context=context, op_by_op_ms=ms[0], call_per_block_ms=ms[1],
-                            one_call_ms=ms[2]))
-        print(f"{steps:>6}" + "".join(f"{value:>18.2f}" for value in ms) + f"{ms[2] / ms[1]:>20.3f}", flush=True)
+        ms = {form: statistics.median(times[(steps, form)]) * 1e3 for form in BLOCK_FORMS}
+        results.append(dict(model=model, tokens=steps, context=context, op_by_op_ms=ms["op by op"],
+                            call_per_block_ms=ms["a call a block"], one_call_ms=ms["one call"]))
+        print(f"{steps:>6}" + "".join(f"{value:>18.2f}" for value in ms.values())
+              + f"{ms['one call'] / ms['a call a block']:>20.3f}", flush=True)
     return results
 
 

@@ -44,7 +44,8 @@ def pytest(tree: Path, targets: list[str]) -> tuple[str, list[str]]:
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-m", UNIT,
                           *targets], cwd=tree, env=env, capture_output=True, text=True)
     lines = out.stdout.strip().splitlines()
-    return (lines[-1] if lines else out.stderr.strip()[-300:]), sorted(set(re.findall(r"^FAILED (\S+)", out.stdout, re.M)))
+    failed = sorted(set(re.findall(r"^FAILED (\S+)", out.stdout, re.M)))
+    return (lines[-1] if lines else out.stderr.strip()[-300:]), failed
 
 
 def main() -> None:

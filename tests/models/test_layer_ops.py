@@ -89,7 +89,7 @@ def test_w4a8_blocks_in_one_call_give_the_op_by_op_bits(dtype, monkeypatch):
     against one call per block: a prefill, decode steps, chains of drafts, a second
     batch row of another length, and a forward over one cache row (CacheRows); the logits, and the
     features EAGLE-3 reads from layers 0, 2 and the last (capture_layers)."""
-    from specdec.models.native.model import ChainCall
+    from specdec.models.native.model import BLOCK_FORMS, ChainCall
 
     calls = []  # the blocks each C++ call ran
     real_call = ChainCall.__call__
@@ -97,7 +97,7 @@ def test_w4a8_blocks_in_one_call_give_the_op_by_op_bits(dtype, monkeypatch):
                         or real_call(self, *args))
     model = make_model(seed=5, layers=3, hidden=64, random_bias=True)  # random q/k/v biases: Qwen2's
     outputs = {}
-    for form in ("one call", "a call a block", "op by op"):
+    for form in BLOCK_FORMS:
         runner = make_native(model, dtype=dtype, quantize="w4a8", batch_size=2)
         decoder = runner.decoder
         assert decoder.chain_call is not None
