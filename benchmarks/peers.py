@@ -193,6 +193,10 @@ def main() -> None:
     parser.add_argument("--specdec", nargs="+", default=DEFAULT_SPECDEC, metavar="LABEL=METHOD...")
     parser.add_argument("--llama", nargs="*", default=list(LLAMA_MODES), choices=LLAMA_MODES)
     parser.add_argument("--llama-timeout", type=float, default=600)
+    parser.add_argument("--llama-bin", type=Path,
+                        help="a llama.cpp build's bin folder (default: llama_cpp_peer.py's GGML_NATIVE=ON build; "
+                             "on an AMX Xeon, whose AMX repacking crashed, a build with AMX off keeps the "
+                             "AVX-512 repacked Q4_K GEMM)")
     parser.add_argument("--out", default="benchmarks/results/peers")
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args()
@@ -202,7 +206,7 @@ def main() -> None:
         print(summarise([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]))
         return
     out.mkdir(parents=True, exist_ok=True)
-    bin_dir = llama_cpp.build()
+    bin_dir = args.llama_bin or llama_cpp.build()
     engines = build_engines(args.specdec)
     tokenizer = next(iter(engines.values())).tokenizer
     prompts = load_prompts(args.prompts.split(","), args.per_category)
