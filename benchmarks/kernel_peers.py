@@ -141,8 +141,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["projections", "forwards"])
     parser.add_argument("--no-repack", action="store_true", help="also run llama.cpp without its repacked weights")
     parser.add_argument("--llama-bin", type=Path,
-                        help="a llama.cpp build's bin folder holding llama-bench (default: llama_cpp_peer.py's build, "
-                             "GGML_NATIVE=ON; on an AMX Xeon, whose AMX repacking crashed, a build with AMX off)")
+                        help="a llama.cpp build's bin folder holding llama-bench (default: llama_cpp_peer.py's build: "
+                             "GGML_NATIVE=ON, or on a CPU with AMX, whose AMX repacking crashed, AVX-512 without AMX)")
     parser.add_argument("--json", required=True, help="where to write the results")
     args = parser.parse_args()
     rows_list = [int(n) for n in args.rows.split(",")]

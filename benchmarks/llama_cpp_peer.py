@@ -8,6 +8,11 @@ is one subprocess of a llama.cpp tool; its own timing lines give prompt and
 decode speed, so the numbers are llama.cpp's, not ours.
 
     python benchmarks/llama_cpp_peer.py build      # once, ~5-10 minutes on 2 cores
+
+On a CPU with AMX the build turns ggml's AMX path off (into build-noamx/): its weight
+repacking crashed with SIGSEGV on a Sapphire Rapids-class Xeon (llama-bench exit 139), and
+without it llama.cpp keeps its AVX-512 repacked Q4_K GEMM, its fastest path that runs there
+(benchmarks/RESULTS.md, "specdec's w4a8 next to torch's int4 kernel and llama.cpp's repacked Q4_K").
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import tarfile
 from pathlib import Path
 
 from specdec.models import hub
+from specdec.models.cpu_features import cpu_flags
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 TOOLS = ("llama-completion", "llama-speculative", "llama-lookup")
@@ -33,7 +39,9 @@ def build(jobs: int = 2, log=print, tools: tuple[str, ...] = TOOLS) -> Path:
     """The directory holding the built tools (built on first call); tools: also "llama-server"
     for `specdec bench --endpoint` runs against llama.cpp's OpenAI-compatible server."""
     root = peer_dir()
-    bin_dir = root / "build" / "bin"
+    avoid_amx = "amx_tile" in cpu_flags()
+    build_dir = root / ("build-noamx" if avoid_amx else "build")
+    bin_dir = build_dir / "bin"
     if all((bin_dir / tool).is_file() for tool in tools):
         return bin_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -53,11 +61,15 @@ def build(jobs: int = 2, log=print, tools: tuple[str, ...] = TOOLS) -> Path:
             for member in members:
                 member.name = member.name[len(prefix):]
             archive.extractall(source, members=[m for m in members if m.name], filter="data")
-    log("building llama.cpp (cmake, GGML_NATIVE=ON) ...")
-    build_dir = root / "build"
+    # GGML_NATIVE's -march=native would turn AMX back on after any -mno-amx, so an AMX CPU gets the
+    # instruction sets every AMX CPU has (Sapphire Rapids and later), named one by one.
+    isa = [f"-DGGML_{name}=ON" for name in ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512", "AVX512_VNNI",
+                                            "AVX512_VBMI", "AVX512_BF16")] + \
+          ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"] if avoid_amx else []
+    log(f"building llama.cpp (cmake, {'AVX-512 without AMX' if avoid_amx else 'GGML_NATIVE=ON'}) ...")
     subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"], check=True,
-                   stdout=subprocess.DEVNULL)
+                    f"-DGGML_NATIVE={'OFF' if avoid_amx else 'ON'}", *isa, "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *tools], check=True,
                    stdout=subprocess.DEVNULL)
     return bin_dir

@@ -194,9 +194,8 @@ def main() -> None:
     parser.add_argument("--llama", nargs="*", default=list(LLAMA_MODES), choices=LLAMA_MODES)
     parser.add_argument("--llama-timeout", type=float, default=600)
     parser.add_argument("--llama-bin", type=Path,
-                        help="a llama.cpp build's bin folder (default: llama_cpp_peer.py's GGML_NATIVE=ON build; "
-                             "on an AMX Xeon, whose AMX repacking crashed, a build with AMX off keeps the "
-                             "AVX-512 repacked Q4_K GEMM)")
+                        help="a llama.cpp build's bin folder (default: llama_cpp_peer.py's build: GGML_NATIVE=ON, or "
+                             "on a CPU with AMX, whose AMX repacking crashed, AVX-512 without AMX)")
     parser.add_argument("--out", default="benchmarks/results/peers")
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args()
