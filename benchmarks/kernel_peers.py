@@ -125,7 +125,8 @@ def forwards(rows_list, context: int, steps: int, llama_reps: int, rounds: int, 
             runs.setdefault(engine, []).append(step_ms)
             print(json.dumps({"engine": engine, "round": round_index,
                               "ms": {k: round(v, 2) for k, v in step_ms.items()}}), flush=True)
-    return {engine: {rows: statistics.median(run[rows] for run in values if rows in run) for rows in rows_list}
+    # An engine with a failed round (llama-bench printed why) is left out of the table.
+    return {engine: {rows: statistics.median(run[rows] for run in values) for rows in rows_list}
             for engine, values in runs.items() if all(rows in run for run in values for rows in rows_list)}
 
 
