@@ -140,7 +140,7 @@ class SpecEngine:
         ids = self.encode(prompt, chat)
         prompt_row = Row(Request(ids, params, max_new_tokens=min_tokens), None, list(ids))
         target.truncate([0], rows=slice(0, 1))
-        self._cache_version = None  # the prompt cache's row is overwritten
+        engine.forget_prompt_cache()  # its row is overwritten here
         if len(ids) > 1:
             prefill(target, prompt_row, 0, len(ids) - 1, 0, engine.features)
         for index in range(samples):
