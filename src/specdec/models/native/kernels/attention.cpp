@@ -27,6 +27,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "layer_kernels.h"
+
 #include <cmath>
 #include <algorithm>
 
@@ -716,21 +718,16 @@ void attend_tile(const float* const* queries, int rows, const KeyBlocks<T>& sour
   attend(queries, rows, source, blocks, block, dim, scale, scratch, outs);
 }
 
+// query [B, H, Q, M, D] fp32 contiguous; keys and values [B, H, Qk, S, D] read in place (a view of the
+// cache) with strides ks and vs (any, but a contiguous last dim); bias [B, 1, Q, nb, bias_rows, blk]
+// fp32 contiguous, bias_rows M (padded) or 1 (broadcast); out [B, H, Q, M, D] fp32.
 template <typename T>
-void run(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& bias,
-         at::Tensor& out, int64_t block) {
-  const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), M = query.size(3), D = query.size(4);
-  const int64_t Qk = keys.size(2), S = keys.size(3), blocks = S / block;
-  const int64_t bias_rows = bias.size(4);  // M (padded) or 1 (broadcast)
+void run(const float* q_all, int64_t B, int64_t H, int64_t Q, int64_t M, int64_t D, const T* k_all, const T* v_all,
+         const int64_t* ks, const int64_t* vs, int64_t Qk, int64_t S, const float* bias_all, int64_t bias_rows,
+         float* out_all, int64_t block) {
+  const int64_t blocks = S / block;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const float* q_all = query.data_ptr<float>();
-  const T* k_all = keys.data_ptr<T>();
-  const T* v_all = values.data_ptr<T>();
-  const float* bias_all = bias.data_ptr<float>();
-  float* out_all = out.data_ptr<float>();
-  // keys and values are read in place (a view of the cache): any strides but a contiguous last dim.
-  const auto ks = keys.strides(), vs = values.strides();
-  const int64_t bias_block_stride = bias_rows * block;  // bias [B, 1, Q, nb, rows, blk], contiguous
+  const int64_t bias_block_stride = bias_rows * block;
   // Tasks: the rows of one key sequence (b, h, q), in tiles of kTileRows.
   const int64_t tiles = (M + kTileRows - 1) / kTileRows;
   at::parallel_for(0, B * H * Q * tiles, 1, [&](int64_t begin, int64_t end) {
@@ -773,11 +770,16 @@ at::Tensor blocked_attention(const at::Tensor& query, const at::Tensor& keys, co
   const at::Tensor v = values.stride(4) == 1 ? values : values.contiguous();
   const at::Tensor bias32 = bias.to(at::kFloat).contiguous();
   at::Tensor out = at::empty(q.sizes(), q.options());
+  const int64_t B = q.size(0), H = q.size(1), Q = q.size(2), M = q.size(3), D = q.size(4);
   if (k.scalar_type() == at::kBFloat16) {
-    run<c10::BFloat16>(q, k, v, bias32, out, block);
+    run<c10::BFloat16>(q.data_ptr<float>(), B, H, Q, M, D, k.data_ptr<c10::BFloat16>(),
+                       v.data_ptr<c10::BFloat16>(), k.strides().data(), v.strides().data(), k.size(2), k.size(3),
+                       bias32.data_ptr<float>(), bias32.size(4), out.data_ptr<float>(), block);
   } else {
     TORCH_CHECK(k.scalar_type() == at::kFloat, "blocked_attention: keys must be fp32 or bf16");
-    run<float>(q, k, v, bias32, out, block);
+    run<float>(q.data_ptr<float>(), B, H, Q, M, D, k.data_ptr<float>(), v.data_ptr<float>(), k.strides().data(),
+               v.strides().data(), k.size(2), k.size(3), bias32.data_ptr<float>(), bias32.size(4),
+               out.data_ptr<float>(), block);
   }
   return out.to(values.scalar_type());
 }
@@ -865,6 +867,67 @@ std::string isa_path() {
 }
 
 }  // namespace
+
+namespace specdec {
+
+at::Tensor chain_attention(const at::Tensor& q, const at::Tensor& cache_keys, const at::Tensor& cache_values,
+                           int64_t layer, int64_t first_row, int64_t key_length, const at::Tensor& bias,
+                           int64_t block) {
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && cache_keys.dim() == 5 && cache_keys.sizes() == cache_values.sizes() &&
+                  cache_keys.scalar_type() == cache_values.scalar_type() && cache_keys.stride(4) == 1 &&
+                  cache_values.stride(4) == 1 && cache_keys.size(4) == q.size(3) && q.size(1) % cache_keys.size(2) == 0,
+              "chain_attention: q [B, Hq, T, D] contiguous, the cache [L, rows, Hkv, S, D]");
+  const int64_t B = q.size(0), heads = q.size(1), steps = q.size(2), D = q.size(3), H = cache_keys.size(2);
+  const int64_t M = heads / H * steps;  // a KV head's rows: its grouped heads' tokens, head by head
+  TORCH_CHECK(layer >= 0 && layer < cache_keys.size(0) && first_row >= 0 && first_row + B <= cache_keys.size(1) &&
+                  key_length % block == 0 && key_length <= cache_keys.size(3),
+              "chain_attention: a layer, rows and whole key blocks of the cache");
+  TORCH_CHECK(bias.dim() == 6 && bias.size(0) == B && bias.size(2) == 1 && bias.size(5) == block &&
+                  bias.size(3) == key_length / block && (bias.size(4) == 1 || bias.size(4) >= M),
+              "chain_attention: bias [B, 1, 1, nb, rows | 1, blk]");
+  // q's memory order [B, Hq, T, D] is blocked_attention's [B, Hkv, 1, M, D] (head h = kv * G + g, row
+  // m = g * T + t), and so is out's: the same floats as the op on those views.
+  std::vector<float> widened;
+  const float* q32 = nullptr;
+  if (q.scalar_type() == at::kFloat) {
+    q32 = q.data_ptr<float>();
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "chain_attention: q must be fp32 or bf16");
+    const c10::BFloat16* source = q.data_ptr<c10::BFloat16>();
+    widened.resize(q.numel());
+    for (int64_t i = 0; i < q.numel(); ++i) widened[i] = static_cast<float>(source[i]);
+    q32 = widened.data();
+  }
+  const at::Tensor bias32 = bias.scalar_type() == at::kFloat && bias.is_contiguous() ? bias
+                                                                                      : bias.to(at::kFloat).contiguous();
+  std::vector<float> out32(q.numel());
+  const int64_t ks[4] = {cache_keys.stride(1), cache_keys.stride(2), 0, cache_keys.stride(3)};
+  const int64_t vs[4] = {cache_values.stride(1), cache_values.stride(2), 0, cache_values.stride(3)};
+  const int64_t at_keys = layer * cache_keys.stride(0) + first_row * cache_keys.stride(1);
+  const int64_t at_values = layer * cache_values.stride(0) + first_row * cache_values.stride(1);
+  at::Tensor out = at::empty({B, steps, heads * D}, q.options().dtype(cache_values.scalar_type()));
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, cache_keys.scalar_type(), "chain_attention", [&] {
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
+      run<scalar_t>(q32, B, H, 1, M, D, cache_keys.data_ptr<scalar_t>() + at_keys,
+                    cache_values.data_ptr<scalar_t>() + at_values, ks, vs, 1, key_length, bias32.data_ptr<float>(),
+                    bias32.size(4), out32.data(), block);
+      // [B, Hq, T, D] -> [B, T, Hq * D], rounded to the cache's dtype as Tensor.to rounds.
+      scalar_t* o = out.data_ptr<scalar_t>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t t = 0; t < steps; ++t) {
+            const float* from = out32.data() + ((b * heads + h) * steps + t) * D;
+            scalar_t* to = o + (b * steps + t) * heads * D + h * D;
+            for (int64_t d = 0; d < D; ++d) to[d] = static_cast<scalar_t>(from[d]);
+          }
+    } else {
+      TORCH_CHECK(false, "chain_attention: the cache must be fp32 or bf16");
+    }
+  });
+  return out;
+}
+
+}  // namespace specdec
 
 TORCH_LIBRARY(specdec_attention, m) {
   m.def("blocked(Tensor query, Tensor keys, Tensor values, Tensor bias, int block) -> Tensor");

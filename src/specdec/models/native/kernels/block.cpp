@@ -6,12 +6,18 @@
 // glue alone cost ~4.9 ms of a ~43 ms step on a 2-core Zen 4 EPYC. Here the same ops run from C++
 // (python benchmarks/native_kernels.py --blocks measures both forms in one process).
 //
-// The same ops in the same order as the Python form, so the same bits (tests compare them):
+// The same arithmetic in the same order as the Python form, so the same bits (tests compare them):
 //   h = rms_norm(x); q, k, v = split_rope(qkv(h)); cache[row, :, start:start+T] = k, v;
 //   a = blocked attention of q over the cache's first key_length slots (one ChainChunk's bias);
 //   x = x + o(a); x = x + down(silu(gate) * up) with gate, up = gate_up(rms_norm(x)).
-// rms_norm, split_rope, blocked attention and the w4a8 projections are specdec's own kernels
-// (called through the dispatcher); silu, mul and add are ATen's, as in Python.
+// rms_norm, split_rope, blocked attention and the w4a8 projections are specdec's own kernels, called
+// directly (layer_kernels.h): the keys and values go from the RoPE pass straight into the cache, the
+// attention reads its queries and writes its output in the layouts around it, and the residual adds
+// happen in the o and down projections' passes. Those were ~25 ATen views, copies, conversions and
+// adds a layer, and after the projections stream megabytes of weights each ran from cold caches:
+// taking them out made the 0.5B draft's step 4-5% faster and the 1.5B target's 2.5-3% (2-core AMX
+// Xeon; benchmarks/RESULTS.md, "The block's glue fused: 4-5% off the draft's step (issue 38, item 3)").
+// silu and the product stay ATen's, as in Python.
 //
 // chain_layers runs every block of the model in one call (or one block, where benchmarks compare the
 // two forms): the Python loop over blocks, with its module calls and argument lists, cost 41-70 us a
@@ -19,25 +25,14 @@
 // AMX Xeon; benchmarks/RESULTS.md, "Every block in one call: the layer loop in C++ (issue 38, item 3)").
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include "layer_kernels.h"
 
 #include <cstdint>
 #include <vector>
 
 namespace {
-
-using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const c10::optional<at::Tensor>&, int64_t, int64_t, c10::optional<at::ScalarType>);
-using NormFn = at::Tensor(const at::Tensor&, const at::Tensor&, double);
-using RopeFn = std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
-                                       int64_t);
-using AttendFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
-
-template <typename Fn>
-c10::TypedOperatorHandle<Fn> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
 
 // The chain's attention: which cache rows and slots it writes and reads (the same for every layer).
 struct ChainCache {
@@ -58,42 +53,28 @@ at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& attention_norm, 
                          const at::Tensor* weights, const c10::optional<at::Tensor>* biases, at::IntArrayRef outputs,
                          int64_t isa, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t kv_heads,
                          int64_t dim, const ChainCache& cache, int64_t layer) {
-  const int64_t batch = x.size(0), steps = x.size(1), groups = heads / kv_heads;
-  TORCH_CHECK(static_cast<int64_t>(cache.starts.size()) == batch, "chain_layers: one start per row");
-  static const auto linear = op<LinearFn>("specdec_w4a8::linear");
-  static const auto norm = op<NormFn>("specdec_layer::rms_norm");
-  static const auto split_rope = op<RopeFn>("specdec_layer::split_rope");
-  static const auto attend = op<AttendFn>("specdec_attention::blocked");
-  const c10::optional<at::ScalarType> dtype = x.scalar_type();
-  auto project = [&](int index, const at::Tensor& input) {  // [B, T, K] -> [B, T, N], as W4A8Linear.forward
-    const at::Tensor rows = input.reshape({-1, input.size(-1)});
-    return linear.call(rows, weights[3 * index], weights[3 * index + 1], weights[3 * index + 2], biases[index], isa,
-                       outputs[index], dtype)
-        .view({batch, steps, outputs[index]});
+  TORCH_CHECK(static_cast<int64_t>(cache.starts.size()) == x.size(0), "chain_layers: one start per row");
+  // [B, T, K] -> [B, T, N] (+ residual), as W4A8Linear.forward (and the add after it)
+  auto project = [&](int index, const at::Tensor& input, const at::Tensor* residual = nullptr) {
+    return specdec::w4a8_project(input, weights[3 * index], weights[3 * index + 1], weights[3 * index + 2],
+                                 biases[index], isa, outputs[index], residual);
   };
 
-  // Attention (model.py's Attention.forward and attention.py's chain_attention, one chunk).
-  const std::vector<at::Tensor> qkv = split_rope.call(project(0, norm.call(x, attention_norm, eps)), cos, sin, heads,
-                                                      kv_heads, dim);
-  const at::Tensor layer_keys = cache.keys.select(0, layer), layer_values = cache.values.select(0, layer);
-  for (int64_t b = 0; b < batch; ++b) {
-    layer_keys.select(0, cache.first_row + b).narrow(1, cache.starts[b], steps).copy_(qkv[1].select(0, b));
-    layer_values.select(0, cache.first_row + b).narrow(1, cache.starts[b], steps).copy_(qkv[2].select(0, b));
-  }
-  const at::Tensor keys = layer_keys.narrow(0, cache.first_row, batch).narrow(2, 0, cache.key_length).unsqueeze(2);
-  const at::Tensor values = layer_values.narrow(0, cache.first_row, batch).narrow(2, 0, cache.key_length).unsqueeze(2);
-  const at::Tensor rows =
-      qkv[0].view({batch, kv_heads, groups, steps, dim}).reshape({batch, kv_heads, 1, groups * steps, dim});
-  const at::Tensor attended = attend.call(rows, keys, values, cache.bias, cache.block)
-                                  .reshape({batch, kv_heads, groups, steps, dim})
-                                  .reshape({batch, heads, steps, dim})
-                                  .transpose(1, 2)
-                                  .reshape({batch, steps, heads * dim});
-  const at::Tensor mid = x + project(1, attended);
+  // Attention (model.py's Attention.forward and attention.py's chain_attention, one chunk): the new
+  // keys and values go straight into the cache, the output comes back as [B, T, Hq * D].
+  const at::Tensor q = specdec::split_rope_into_cache(project(0, specdec::rms_norm(x, attention_norm, eps)), cos, sin, heads,
+                                                      kv_heads, dim, cache.keys, cache.values, layer,
+                                                      cache.first_row, cache.starts);
+  const at::Tensor attended = specdec::chain_attention(q, cache.keys, cache.values, layer, cache.first_row,
+                                                       cache.key_length, cache.bias, cache.block);
+  const at::Tensor mid = project(1, attended, &x);  // x + o(a)
 
-  // MLP (model.py's MLP.forward).
-  const std::vector<at::Tensor> gate_up = project(2, norm.call(mid, mlp_norm, eps)).chunk(2, -1);
-  return mid + project(3, at::silu(gate_up[0]) * gate_up[1]);
+  // MLP (model.py's MLP.forward): x + down(silu(gate) * up); silu and the product are ATen's, as there
+  // (the product in place: the same kernel, one buffer fewer).
+  const at::Tensor gate_up = project(2, specdec::rms_norm(mid, mlp_norm, eps));
+  const int64_t half = outputs[2] / 2;
+  const at::Tensor hidden = at::silu(gate_up.narrow(-1, 0, half)).mul_(gate_up.narrow(-1, half, half));
+  return project(3, hidden, &mid);
 }
 
 // Blocks first_layer, first_layer + 1, ... in turn (model.py's ChainCall): norms, weights and biases

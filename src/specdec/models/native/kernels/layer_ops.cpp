@@ -18,6 +18,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "layer_kernels.h"
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -88,49 +90,102 @@ SPECDEC_CLONES void rope_head(const T* src, const T* cos, const T* sin, T* dst, 
 }
 
 // qkv [B, T, (Hq + 2 Hkv) D] (the fused projection's output), cos/sin [B, 1, T, D] ->
-// q [B, Hq, T, D] and k [B, Hkv, T, D] rotated, v [B, Hkv, T, D]: model.py's split, view, transpose
-// and RoPE in one pass.
-std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                                   int64_t heads, int64_t kv_heads, int64_t dim) {
+// q [B, Hq, T, D] rotated; the keys rotated and the values to (key_out, value_out) at token (b, t),
+// KV head h: key_out + b * row_stride + h * head_stride + t * dim, contiguous over dim: model.py's
+// split, view, transpose and RoPE in one pass.
+template <typename T>
+void split_rope_rows(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                     int64_t kv_heads, int64_t dim, at::Tensor& q, T* const* key_rows, T* const* value_rows,
+                     int64_t head_stride) {
+  const int64_t batch = qkv.size(0), steps = qkv.size(1);
   TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) == (heads + 2 * kv_heads) * dim,
               "split_rope: qkv must be [B, T, (heads + 2 kv_heads) dim]");
-  const int64_t batch = qkv.size(0), steps = qkv.size(1);
   TORCH_CHECK(cos.numel() == batch * steps * dim && sin.numel() == cos.numel() &&
                   cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
               "split_rope: cos and sin must be [B, 1, T, D] in qkv's dtype");
   const at::Tensor source = qkv.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  const T* src = source.data_ptr<T>();
+  const T* cs = c.data_ptr<T>();
+  const T* sn = s.data_ptr<T>();
+  T* qs = q.data_ptr<T>();
+  at::parallel_for(0, batch * steps, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t bt = begin; bt < end; ++bt) {
+      const int64_t b = bt / steps, t = bt % steps;
+      const T* row = src + bt * width;
+      const T* row_cos = cs + bt * dim;
+      const T* row_sin = sn + bt * dim;
+      for (int64_t h = 0; h < heads; ++h)
+        rope_head<T>(row + h * dim, row_cos, row_sin, qs + ((b * heads + h) * steps + t) * dim, dim);
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t at = h * head_stride + t * dim;
+        rope_head<T>(row + (heads + h) * dim, row_cos, row_sin, key_rows[b] + at, dim);
+        const T* value = row + (heads + kv_heads + h) * dim;
+        for (int64_t d = 0; d < dim; ++d) value_rows[b][at + d] = value[d];
+      }
+    }
+  });
+}
+
+// -> q [B, Hq, T, D] and k [B, Hkv, T, D] rotated, v [B, Hkv, T, D].
+std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                                   int64_t heads, int64_t kv_heads, int64_t dim) {
+  TORCH_CHECK(qkv.dim() == 3, "split_rope: qkv must be [B, T, (heads + 2 kv_heads) dim]");
+  const int64_t batch = qkv.size(0), steps = qkv.size(1);
   at::Tensor q = at::empty({batch, heads, steps, dim}, qkv.options());
   at::Tensor k = at::empty({batch, kv_heads, steps, dim}, qkv.options());
   at::Tensor v = at::empty({batch, kv_heads, steps, dim}, qkv.options());
-  const int64_t width = (heads + 2 * kv_heads) * dim;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "split_rope", [&] {
-    const scalar_t* src = source.data_ptr<scalar_t>();
-    const scalar_t* cs = c.data_ptr<scalar_t>();
-    const scalar_t* sn = s.data_ptr<scalar_t>();
-    scalar_t* qs = q.data_ptr<scalar_t>();
-    scalar_t* ks = k.data_ptr<scalar_t>();
-    scalar_t* vs = v.data_ptr<scalar_t>();
-    at::parallel_for(0, batch * steps, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t bt = begin; bt < end; ++bt) {
-        const int64_t b = bt / steps, t = bt % steps;
-        const scalar_t* row = src + bt * width;
-        const scalar_t* row_cos = cs + bt * dim;
-        const scalar_t* row_sin = sn + bt * dim;
-        for (int64_t h = 0; h < heads; ++h)
-          rope_head<scalar_t>(row + h * dim, row_cos, row_sin, qs + ((b * heads + h) * steps + t) * dim, dim);
-        for (int64_t h = 0; h < kv_heads; ++h) {
-          const int64_t at = ((b * kv_heads + h) * steps + t) * dim;
-          rope_head<scalar_t>(row + (heads + h) * dim, row_cos, row_sin, ks + at, dim);
-          const scalar_t* value = row + (heads + kv_heads + h) * dim;
-          for (int64_t d = 0; d < dim; ++d) vs[at + d] = value[d];
-        }
-      }
-    });
+    std::vector<scalar_t*> key_rows(batch), value_rows(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      key_rows[b] = k.data_ptr<scalar_t>() + b * kv_heads * steps * dim;
+      value_rows[b] = v.data_ptr<scalar_t>() + b * kv_heads * steps * dim;
+    }
+    split_rope_rows<scalar_t>(qkv, cos, sin, heads, kv_heads, dim, q, key_rows.data(), value_rows.data(),
+                              steps * dim);
   });
   return {q, k, v};
 }
 
 }  // namespace
+
+namespace specdec {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return ::rms_norm(x, weight, eps); }
+
+at::Tensor split_rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                 int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
+                                 const at::Tensor& cache_values, int64_t layer, int64_t first_row,
+                                 at::IntArrayRef starts) {
+  TORCH_CHECK(qkv.dim() == 3, "split_rope: qkv must be [B, T, (heads + 2 kv_heads) dim]");
+  const int64_t batch = qkv.size(0), steps = qkv.size(1);
+  TORCH_CHECK(cache_keys.dim() == 5 && cache_keys.sizes() == cache_values.sizes() &&
+                  cache_keys.strides() == cache_values.strides() && cache_keys.stride(4) == 1 &&
+                  cache_keys.stride(3) == dim && cache_keys.size(2) == kv_heads && cache_keys.size(4) == dim &&
+                  cache_keys.scalar_type() == qkv.scalar_type() && cache_values.scalar_type() == qkv.scalar_type(),
+              "split_rope_into_cache: the cache must be [L, rows, Hkv, S, D] in qkv's dtype, each head's slots "
+              "contiguous");
+  TORCH_CHECK(layer >= 0 && layer < cache_keys.size(0) && first_row >= 0 &&
+                  static_cast<int64_t>(starts.size()) == batch && first_row + batch <= cache_keys.size(1),
+              "split_rope_into_cache: a layer and rows of the cache, one start per row");
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(starts[b] >= 0 && starts[b] + steps <= cache_keys.size(3), "split_rope_into_cache: row ", b,
+                "'s tokens do not fit the cache");
+  at::Tensor q = at::empty({batch, heads, steps, dim}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "split_rope_into_cache", [&] {
+    std::vector<scalar_t*> key_rows(batch), value_rows(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t at = layer * cache_keys.stride(0) + (first_row + b) * cache_keys.stride(1) + starts[b] * dim;
+      key_rows[b] = cache_keys.data_ptr<scalar_t>() + at;
+      value_rows[b] = cache_values.data_ptr<scalar_t>() + at;
+    }
+    split_rope_rows<scalar_t>(qkv, cos, sin, heads, kv_heads, dim, q, key_rows.data(), value_rows.data(),
+                              cache_keys.stride(2));
+  });
+  return q;
+}
+
+}  // namespace specdec
 
 TORCH_LIBRARY(specdec_layer, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

@@ -40,6 +40,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "layer_kernels.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -586,17 +588,18 @@ void quantize_rows(const T* xs, int64_t M, int64_t K, at::Tensor& xq, at::Tensor
   });
 }
 
-// x [M, K] fp32 or bf16 (other dtypes go through fp32) -> [M, columns] in out_dtype (default fp32):
-// the projection's real outputs (columns, default all N), rounded to bf16 in the kernel's store when
-// asked, which is the same rounding as Tensor.to(bfloat16) of the fp32 result, without its copies.
-at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& codes,
-                       const at::Tensor& supers, const c10::optional<at::Tensor>& bias, int64_t isa,
-                       int64_t columns, c10::optional<at::ScalarType> out_dtype) {
-  TORCH_CHECK(x.dim() == 2, "w4a8_linear: x must be [M, K]");
+// x [M, K] fp32 or bf16 (other dtypes go through fp32) -> out [M, columns], fp32 or bf16 (out_bf16):
+// the projection's real outputs (columns: all N but the padding), rounded to bf16 in the kernel's
+// store when asked, which is the same rounding as Tensor.to(bfloat16) of the fp32 result, without its
+// copies. residual [M, columns] in out's dtype, or null: added to each output after its rounding,
+// rounded again (ATen's `residual + y`: the sum of the two in fp32, then its rounding to out's dtype).
+void w4a8_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& codes, const at::Tensor& supers,
+               const c10::optional<at::Tensor>& bias, int64_t isa, int64_t columns, at::Tensor& out,
+               const at::Tensor* residual) {
+  const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1), blocks = packed.size(0), N = blocks * kLanes;
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kChunks && packed.size(3) == 64 &&
                   packed.scalar_type() == at::kByte && packed.is_contiguous(),
               "w4a8_linear: packed must be contiguous uint8 [N/16, K/32, 4, 64]");
-  const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0), N = blocks * kLanes;
   TORCH_CHECK(packed.size(1) * kGroup == K, "w4a8_linear: x has ", K, " inputs, the weights ",
               packed.size(1) * kGroup);
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() &&
@@ -605,21 +608,23 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   TORCH_CHECK(supers.scalar_type() == at::kHalf && supers.is_contiguous() &&
                   supers.numel() == blocks * super_blocks(packed.size(1)) * 2 * kLanes,
               "w4a8_linear: supers must be contiguous fp16 [N/16, ceil(K/256), 32]");
-  if (columns < 0) columns = N;
   TORCH_CHECK(columns <= N && columns > N - kLanes, "w4a8_linear: ", columns, " outputs do not fit ", blocks,
               " blocks of 16");
-  const at::ScalarType want = out_dtype.value_or(at::kFloat);
-  const bool out_bf16 = want == at::kBFloat16;
+  const bool out_bf16 = out.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((out_bf16 || out.scalar_type() == at::kFloat) && out.is_contiguous() && out.numel() == M * columns,
+              "w4a8_linear: out must be contiguous fp32 or bf16 [M, columns]");
+  TORCH_CHECK(residual == nullptr || (residual->scalar_type() == out.scalar_type() && residual->is_contiguous() &&
+                                      residual->numel() == M * columns),
+              "w4a8_linear: the residual must be contiguous [M, columns] in the output's dtype");
   const at::Tensor rows = x.scalar_type() == at::kBFloat16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   at::Tensor bias32;
   if (bias.has_value() && bias->defined()) {
-    bias32 = bias->to(at::kFloat).contiguous();
+    bias32 = bias->scalar_type() == at::kFloat && bias->is_contiguous() ? *bias : bias->to(at::kFloat).contiguous();
     TORCH_CHECK(bias32.numel() == N, "w4a8_linear: bias must have ", N, " entries");
   }
   at::Tensor xq = at::empty({K / 8, M, 8}, x.options().dtype(at::kChar));
   at::Tensor xsum = at::empty({M, K / kGroup}, x.options().dtype(at::kFloat));
   at::Tensor xscale = at::empty({M}, x.options().dtype(at::kFloat));
-  at::Tensor out = at::empty({M, columns}, x.options().dtype(out_bf16 ? at::kBFloat16 : at::kFloat));
   if (rows.scalar_type() == at::kBFloat16) {
     quantize_rows(reinterpret_cast<const uint16_t*>(rows.data_ptr<at::BFloat16>()), M, K, xq, xsum, xscale, isa);
   } else {
@@ -631,7 +636,8 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
                   bias32.defined() ? bias32.data_ptr<float>() : nullptr, out.data_ptr(), out_bf16, columns,
                   M, N, K};
   // Threads split the output blocks; each thread walks its blocks' weights once, all rows per block
-  // (a block's weights, K * 8 bytes, stay in cache while its row tiles pass).
+  // (a block's weights, K * 8 bytes, stay in cache while its row tiles pass), then adds the residual
+  // to its own outputs while they are in cache.
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     switch (isa) {
 #ifdef SPECDEC_X86
@@ -645,8 +651,31 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
         for (int64_t b = begin; b < end; ++b) block_scalar(p, b, 0, M);
         break;
     }
+    if (residual == nullptr) return;
+    const int64_t first = begin * kLanes, last = std::min(end * kLanes, columns);
+    for (int64_t m = 0; m < M; ++m) {
+      if (out_bf16) {
+        at::BFloat16* y = out.data_ptr<at::BFloat16>() + m * columns;
+        const at::BFloat16* r = residual->data_ptr<at::BFloat16>() + m * columns;
+        for (int64_t n = first; n < last; ++n) y[n] = static_cast<float>(r[n]) + static_cast<float>(y[n]);
+      } else {
+        float* y = out.data_ptr<float>() + m * columns;
+        const float* r = residual->data_ptr<float>() + m * columns;
+        for (int64_t n = first; n < last; ++n) y[n] = r[n] + y[n];
+      }
+    }
   });
-  return out_bf16 || want == at::kFloat ? out : out.to(want);
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& codes,
+                       const at::Tensor& supers, const c10::optional<at::Tensor>& bias, int64_t isa,
+                       int64_t columns, c10::optional<at::ScalarType> out_dtype) {
+  TORCH_CHECK(x.dim() == 2, "w4a8_linear: x must be [M, K]");
+  if (columns < 0) columns = packed.size(0) * kLanes;
+  const at::ScalarType want = out_dtype.value_or(at::kFloat);
+  at::Tensor out = at::empty({x.size(0), columns}, x.options().dtype(want == at::kBFloat16 ? at::kBFloat16 : at::kFloat));
+  w4a8_into(x, packed, codes, supers, bias, isa, columns, out, nullptr);
+  return out.scalar_type() == want ? out : out.to(want);
 }
 
 // quantize_weight + pack of w4a8.py in one pass over the weights (the reference stays in Python):
@@ -875,6 +904,26 @@ double int8_peak(int64_t isa) {
 }
 
 }  // namespace
+
+namespace specdec {
+
+at::Tensor w4a8_project(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& codes,
+                        const at::Tensor& supers, const c10::optional<at::Tensor>& bias, int64_t isa,
+                        int64_t columns, const at::Tensor* residual) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "w4a8_project: x must be bf16 or fp32");
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = columns;
+  at::Tensor out = at::empty(shape, x.options().dtype(x.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat));
+  if (residual != nullptr && !residual->is_contiguous()) {
+    const at::Tensor contiguous = residual->contiguous();
+    w4a8_into(x, packed, codes, supers, bias, isa, columns, out, &contiguous);
+  } else {
+    w4a8_into(x, packed, codes, supers, bias, isa, columns, out, residual);
+  }
+  return out;
+}
+
+}  // namespace specdec
 
 TORCH_LIBRARY(specdec_w4a8, m) {
   m.def("linear(Tensor x, Tensor packed, Tensor codes, Tensor supers, Tensor? bias, int isa, int columns=-1, "
