@@ -26,6 +26,37 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 torch.set_num_threads(1)
 
 
+def vector_path_caps() -> dict[str, str | None]:
+    """The ONEDNN_MAX_CPU_ISA caps that make specdec's kernels take each path this CPU has: "generic"
+    (scalar, under SSE41), "avx2", and "best" (AVX-512) where there is one."""
+    from specdec.models.cpu_features import effective_isa
+
+    isa = effective_isa() or ""
+    caps: dict[str, str | None] = {"generic": "SSE41"}
+    if isa.startswith(("AVX2", "AVX512", "AMX")):
+        caps["avx2"] = "AVX2"
+    if isa.startswith(("AVX512", "AMX")):
+        caps["best"] = None
+    return caps
+
+
+def results_under_caps(script: str, tmp_path, caps: dict[str, str | None]) -> dict:
+    """Run `python -c script OUT` once per cap (None: no cap) and load what each run saved at OUT."""
+    import os
+    import subprocess
+
+    results = {}
+    for name, cap in caps.items():
+        env = dict(os.environ)
+        env.pop("ONEDNN_MAX_CPU_ISA", None)
+        if cap:
+            env["ONEDNN_MAX_CPU_ISA"] = cap
+        path = tmp_path / f"{name}.pt"
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=300)
+        results[name] = torch.load(path)
+    return results
+
+
 def make_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {"<unk>": 0, EOS: 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
     # BPE with no merges = one token per character; Fuse joins them back without spaces.

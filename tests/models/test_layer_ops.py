@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import make_model, make_native
+from conftest import make_model, make_native, results_under_caps, vector_path_caps
 from specdec.models.native import kernels
 from specdec.models.native.model import Rotary, rotate_half
 
@@ -54,6 +54,72 @@ def test_rms_norm_is_the_pytorch_law_and_row_invariant(dtype):
     for row in range(rows.shape[0]):  # each row alone: the same bits as in the batch
         assert torch.equal(torch.ops.specdec_layer.rms_norm(rows[row:row + 1], weight, 1e-6),
                            fused.reshape(-1, 1536)[row:row + 1])
+
+
+SILU_SCRIPT = """
+import sys, torch
+from specdec.models.native import kernels
+assert kernels.load() is None
+generator = torch.Generator().manual_seed(4)
+gate = torch.randn(3, 1000, generator=generator) * 6  # beyond the clamps, and every tail length below
+gate[0, :8] = torch.tensor([0.0, -0.0, 87.5, -87.5, 200.0, -200.0, float("inf"), float("-inf")])
+gate[0, 8] = float("nan")
+up = torch.randn(3, 1000, generator=generator)
+outs = []
+for dtype in (torch.float32, torch.bfloat16):
+    gate_up = torch.cat([gate, up], dim=-1).to(dtype)
+    outs += [torch.ops.specdec_layer.silu_mul(gate_up)]
+    outs += [torch.ops.specdec_layer.silu_mul(gate_up[:, list(range(n)) + list(range(1000, 1000 + n))])
+             for n in (1, 7, 8, 15, 17, 33)]
+torch.save(outs, sys.argv[1])
+"""
+
+
+def test_silu_mul_paths_give_the_scalar_bits_and_follow_silu(tmp_path):
+    """kernels/layer_ops.cpp's silu(gate) * up: AVX-512 (16 lanes), AVX2 (8) and scalar paths (chosen by
+    ONEDNN_MAX_CPU_ISA) the same bits, tails of every length included; within an ulp or so of
+    silu(g) * u computed in float64 and rounded at the same two points; NaN stays NaN."""
+    caps = vector_path_caps()
+    results = results_under_caps(SILU_SCRIPT, tmp_path, caps)
+    def bits(x: torch.Tensor) -> torch.Tensor:  # NaN included
+        return x.view(torch.int32 if x.dtype == torch.float32 else torch.int16)
+
+    assert len(results["generic"]) == 14
+    for name in caps:
+        assert all(torch.equal(bits(fast), bits(generic))
+                   for fast, generic in zip(results[name], results["generic"], strict=True)), name
+
+    generator = torch.Generator().manual_seed(4)
+    gate = torch.randn(3, 1000, generator=generator) * 6
+    up = torch.randn(3, 1000, generator=generator)
+    for dtype, got in ((torch.float32, results["generic"][0]), (torch.bfloat16, results["generic"][7])):
+        g, u = gate[1:].to(dtype), up[1:].to(dtype)
+        silu = (g.double() * torch.sigmoid(g.double())).to(dtype)
+        want = (silu.double() * u.double()).to(dtype)
+        tolerance = dict(rtol=1e-6, atol=1e-30) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-30)
+        torch.testing.assert_close(got[1:], want, **tolerance)
+    edges = results["generic"][0][0, :9]
+    up0 = up[0, :9]
+    assert edges[0] == 0 and edges[1] == 0
+    assert edges[2] == pytest.approx(87.5 * up0[2].item(), rel=1e-6) and abs(edges[3]) < 1e-30
+    assert edges[4] == pytest.approx(200 * up0[4].item(), rel=1e-6) and abs(edges[5]) < 1e-30
+    assert edges[6] == float("inf") * torch.sign(up0[6])  # silu(inf) = inf
+    assert torch.isinf(edges[7]) and torch.isnan(edges[8])  # -inf / e^88: infinite, not silu's limit 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_is_row_invariant_and_the_mlp_calls_it(dtype):
+    from specdec.models.native.model import MLP
+
+    generator = torch.Generator().manual_seed(5)
+    gate_up = torch.randn(4, 6, 2 * 300, generator=generator).to(dtype)
+    fused = torch.ops.specdec_layer.silu_mul(gate_up)
+    assert fused.shape == (4, 6, 300) and fused.dtype == dtype
+    rows = gate_up.reshape(-1, 600)
+    for row in range(rows.shape[0]):
+        assert torch.equal(torch.ops.specdec_layer.silu_mul(rows[row:row + 1]), fused.reshape(-1, 300)[row:row + 1])
+    mlp = MLP(torch.nn.Identity(), torch.nn.Identity())
+    assert torch.equal(mlp(gate_up), fused)  # the op-by-op form takes the same law
 
 
 def test_kernel_checks_refuse_mismatched_shapes():

@@ -109,29 +109,15 @@ def test_the_attention_kernels_vector_paths_give_its_generic_paths_bits(tmp_path
     at a time) and AVX2 (scores 4 keys at a time, values 2 rows at a time) where the CPU has them,
     and its generic loops under ONEDNN_MAX_CPU_ISA=SSE41: chains and trees, fp32 and bf16, tiles of
     4, 2 and 1 rows, the same bits."""
-    import os
-    import subprocess
-    import sys
-
-    from specdec.models.cpu_features import effective_isa
+    from conftest import results_under_caps, vector_path_caps
     from specdec.models.native import kernels
 
     if kernels.load() is not None:
         pytest.skip(f"no kernels here: {kernels.load()}")
-    isa = effective_isa() or ""
-    if not isa.startswith(("AVX2", "AVX512", "AMX")):
-        pytest.skip(f"no AVX2 here ({isa or 'unknown'}): only the generic path runs")
-    caps = {"best": None, "avx2": "AVX2", "generic": "SSE41"} if not isa.startswith("AVX2") else \
-        {"avx2": None, "generic": "SSE41"}
-    results = {}
-    for name, cap in caps.items():
-        env = dict(os.environ)
-        env.pop("ONEDNN_MAX_CPU_ISA", None)
-        if cap:
-            env["ONEDNN_MAX_CPU_ISA"] = cap
-        path = tmp_path / f"{name}.pt"
-        subprocess.run([sys.executable, "-c", ATTENTION_SCRIPT, str(path)], env=env, check=True, timeout=300)
-        results[name] = torch.load(path)
+    caps = vector_path_caps()
+    if "avx2" not in caps:
+        pytest.skip("no AVX2 here: only the generic path runs")
+    results = results_under_caps(ATTENTION_SCRIPT, tmp_path, caps)
     assert len(results["generic"]) == 20
     for name in caps:
         assert all(torch.equal(fast, generic) for fast, generic in zip(results[name], results["generic"])), name

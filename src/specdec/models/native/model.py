@@ -117,7 +117,10 @@ class MLP(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate_up = self.gate_up(x)
+        if fused_layer_ops(gate_up):  # specdec's law for silu(gate) * up, in one pass (kernels/layer_ops.cpp)
+            return self.down(torch.ops.specdec_layer.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down(nn.functional.silu(gate) * up)
 
 

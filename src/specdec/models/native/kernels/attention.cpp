@@ -27,6 +27,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "exp_poly.h"
 #include "layer_kernels.h"
 
 #include <cmath>
@@ -143,25 +144,6 @@ __attribute__((target("avx512f"))) void dots_tile_avx512(const float* const* q, 
   }
 }
 
-// exp_nonpositive() of 16 lanes, each lane with exactly its operations in its order (mul, add, sub;
-// no FMA): the same bits. And a block's weights w[t] = x >= -60 ? e^x : 0, x = score - max.
-__attribute__((target("avx512f"), always_inline)) inline __m512 exp_nonpositive16(__m512 x) {
-  const __m512 shifter = _mm512_set1_ps(12582912.f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shifter), shifter);
-  const __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
-                                 _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
 // Block steps 16 keys at a time (block % 16 == 0), each lane as the scalar loops do it:
 // the scores of one row's block, scaled, masked keys -inf (bias != 0; none when bias is null), and their max;
 // the block's weights; bf16 rows widened to fp32 scratch.
@@ -182,13 +164,14 @@ __attribute__((target("avx512f"))) inline float scale_mask_max_avx512(float* sco
   return m;
 }
 
+// A block's weights w[t] = x >= -60 ? e^x : 0, x = score - max, 16 lanes at a time (e^x: exp_poly.h).
 __attribute__((target("avx512f"))) inline void block_weights_avx512(const float* scores, float max, int64_t block,
                                                                    float* w) {
   const __m512 vmax = _mm512_set1_ps(max), floor = _mm512_set1_ps(kNegligibleExponent);
   for (int64_t t = 0; t < block; t += 16) {
     const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(scores + t), vmax);
     const __mmask16 kept = _mm512_cmp_ps_mask(x, floor, _CMP_GE_OQ);  // false for -inf and NaN, as x >= -60
-    _mm512_storeu_ps(w + t, _mm512_maskz_mov_ps(kept, exp_nonpositive16(_mm512_maskz_mov_ps(kept, x))));
+    _mm512_storeu_ps(w + t, _mm512_maskz_mov_ps(kept, specdec::exp_poly16(_mm512_maskz_mov_ps(kept, x))));
   }
 }
 
@@ -302,52 +285,14 @@ inline bool has_avx512() {
 #define SPECDEC_X86_VECTOR 1
 #endif
 
-// e^x for x in [-60, 0] (all attention needs: scores minus their block's max), branch-free so the
-// compiler vectorizes it: x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6 Taylor polynomial
-// (relative error < 2e-7, about one float ulp), times 2^n built in the exponent bits.
-__attribute__((always_inline)) inline float exp_nonpositive(float x) {  // inlined: its loops vectorize
-  // Round to nearest by adding and removing 1.5 * 2^23 (|x log2 e| < 2^22 here): no libm call, so
-  // loops over it vectorize.
-  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // Cody-Waite: ln2 split in two parts
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return p * __builtin_bit_cast(float, bits);  // not memcpy: the vectorizer takes a bit cast
-}
-
 #ifdef SPECDEC_X86_VECTOR
-// exp_nonpositive() of 8 lanes, each lane with exactly its operations in its order (mul, add, sub;
-// no FMA): the same bits. And the weights of a block, w[t] = x >= -60 ? e^x : 0 for x = score - max.
-// Why: GCC leaves the `omp simd` loop over exp_nonpositive scalar, with a branch per key.
-__attribute__((target("avx2"))) inline __m256 exp_nonpositive8(__m256 x) {
-  const __m256 shifter = _mm256_set1_ps(12582912.f);
-  const __m256 n =
-      _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), shifter), shifter);
-  const __m256 r = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
-                                 _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
-  __m256 p = _mm256_set1_ps(1.f / 720.f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f / 120.f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f / 24.f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f / 6.f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
+// The weights of a block, w[t] = x >= -60 ? e^x : 0 for x = score - max, 8 lanes at a time.
 __attribute__((target("avx2"))) void block_weights_avx2(const float* scores, float max, int64_t block, float* w) {
   const __m256 vmax = _mm256_set1_ps(max), floor = _mm256_set1_ps(kNegligibleExponent);
   for (int64_t t = 0; t < block; t += 8) {
     const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(scores + t), vmax);
     const __m256 kept = _mm256_cmp_ps(x, floor, _CMP_GE_OQ);  // false for -inf and NaN, as x >= -60
-    const __m256 e = exp_nonpositive8(_mm256_and_ps(kept, x));  // 0 where not kept, as the scalar form
+    const __m256 e = specdec::exp_poly8(_mm256_and_ps(kept, x));  // 0 where not kept, as the scalar form
     _mm256_storeu_ps(w + t, _mm256_and_ps(kept, e));
   }
 }
@@ -500,7 +445,7 @@ struct ScalarSteps {
 #pragma omp simd
     for (int64_t t = 0; t < block; ++t) {  // elementwise: vector lanes round like scalar code
       const float x = scores[t] - max;
-      w[t] = x >= kNegligibleExponent ? exp_nonpositive(x >= kNegligibleExponent ? x : 0.f) : 0.f;
+      w[t] = x >= kNegligibleExponent ? specdec::exp_poly(x >= kNegligibleExponent ? x : 0.f) : 0.f;
     }
   }
   static void widen(const c10::BFloat16* rows, int64_t count, int64_t stride, int64_t dim, float* out) {
@@ -666,7 +611,7 @@ void attend_rows(const float* const* queries, int rows, const KeyBlocks<T>& sour
     float rescale[kTileRows];
     for (int r = 0; r < rows; ++r) {
       const float x = block_max[r * blocks + j] - overall[r];
-      rescale[r] = x >= kNegligibleExponent ? exp_nonpositive(x) : 0.f;  // all-masked blocks among the 0s
+      rescale[r] = x >= kNegligibleExponent ? specdec::exp_poly(x) : 0.f;  // all-masked blocks among the 0s
     }
     for (int first = 0, last; first < rows; first = last) {
       const T* block_values = source.values(first, j, block);
@@ -718,6 +663,16 @@ void attend_tile(const float* const* queries, int rows, const KeyBlocks<T>& sour
   attend(queries, rows, source, blocks, block, dim, scale, scratch, outs);
 }
 
+// This thread's scratch of at least `floats` floats, kept between calls and not cleared: attend_rows
+// writes every score, maximum and weight before it reads them. Why: a std::vector per task zeroed
+// 116-148 KB (a memset, and past glibc's mmap threshold fresh pages from the kernel) on every call,
+// a cost of the order of a one-token step's attention arithmetic.
+float* thread_scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
+  return scratch.data();
+}
+
 // query [B, H, Q, M, D] fp32 contiguous; keys and values [B, H, Qk, S, D] read in place (a view of the
 // cache) with strides ks and vs (any, but a contiguous last dim); bias [B, 1, Q, nb, bias_rows, blk]
 // fp32 contiguous, bias_rows M (padded) or 1 (broadcast); out [B, H, Q, M, D] fp32.
@@ -731,7 +686,7 @@ void run(const float* q_all, int64_t B, int64_t H, int64_t Q, int64_t M, int64_t
   // Tasks: the rows of one key sequence (b, h, q), in tiles of kTileRows.
   const int64_t tiles = (M + kTileRows - 1) / kTileRows;
   at::parallel_for(0, B * H * Q * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(2 * block * D + kTileRows * (S + blocks + block));
+    float* scratch = thread_scratch(2 * block * D + kTileRows * (S + blocks + block));
     for (int64_t i = begin; i < end; ++i) {
       const int64_t tile = i % tiles, q = (i / tiles) % Q, h = (i / (tiles * Q)) % H, b = i / (tiles * Q * H);
       const int64_t kq = Qk == 1 ? 0 : q;
@@ -752,7 +707,7 @@ void run(const float* q_all, int64_t B, int64_t H, int64_t Q, int64_t M, int64_t
         row_values[r] = v;
       }
       const KeyBlocks<T> source{k, v, ks[3], vs[3], 0, row_keys, row_values, ks[3], vs[3], biases, bias_block_stride};
-      attend_tile(queries, rows, source, blocks, block, D, scale, scratch.data(), outs);
+      attend_tile(queries, rows, source, blocks, block, D, scale, scratch, outs);
     }
   });
 }
@@ -804,7 +759,7 @@ void run_tree(const at::Tensor& query, const at::Tensor& keys, const at::Tensor&
   const float* bias_all = tail_bias.data_ptr<float>();
   float* out_all = out.data_ptr<float>();
   at::parallel_for(0, B * H * tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(2 * block * D + kTileRows * (S + blocks + block));
+    float* scratch = thread_scratch(2 * block * D + kTileRows * (S + blocks + block));
     for (int64_t i = begin; i < end; ++i) {
       const int64_t tile = i % tiles, h = (i / tiles) % H, b = i / (tiles * H);
       const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - tile * kTileRows));
@@ -823,7 +778,7 @@ void run_tree(const at::Tensor& query, const at::Tensor& keys, const at::Tensor&
       }
       const KeyBlocks<T> source{keys.data_ptr<T>() + b * ks[0] + h * ks[1], values.data_ptr<T>() + b * vs[0] + h * vs[1],
                                 ks[2], vs[2], shared_blocks, row_keys, row_values, tks[3], tvs[3], biases, block};
-      attend_tile(queries, rows, source, blocks, block, D, scale, scratch.data(), outs);
+      attend_tile(queries, rows, source, blocks, block, D, scale, scratch, outs);
     }
   });
 }
@@ -873,9 +828,10 @@ namespace specdec {
 at::Tensor chain_attention(const at::Tensor& q, const at::Tensor& cache_keys, const at::Tensor& cache_values,
                            int64_t layer, int64_t first_row, int64_t key_length, const at::Tensor& bias,
                            int64_t block) {
-  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && cache_keys.dim() == 5 && cache_keys.sizes() == cache_values.sizes() &&
-                  cache_keys.scalar_type() == cache_values.scalar_type() && cache_keys.stride(4) == 1 &&
-                  cache_values.stride(4) == 1 && cache_keys.size(4) == q.size(3) && q.size(1) % cache_keys.size(2) == 0,
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && cache_keys.dim() == 5 &&
+                  cache_keys.sizes() == cache_values.sizes() && cache_keys.scalar_type() == cache_values.scalar_type() &&
+                  cache_keys.stride(4) == 1 && cache_values.stride(4) == 1 && cache_keys.size(4) == q.size(3) &&
+                  q.size(1) % cache_keys.size(2) == 0,
               "chain_attention: q [B, Hq, T, D] contiguous, the cache [L, rows, Hkv, S, D]");
   const int64_t B = q.size(0), heads = q.size(1), steps = q.size(2), D = q.size(3), H = cache_keys.size(2);
   const int64_t M = heads / H * steps;  // a KV head's rows: its grouped heads' tokens, head by head
@@ -898,8 +854,8 @@ at::Tensor chain_attention(const at::Tensor& q, const at::Tensor& cache_keys, co
     for (int64_t i = 0; i < q.numel(); ++i) widened[i] = static_cast<float>(source[i]);
     q32 = widened.data();
   }
-  const at::Tensor bias32 = bias.scalar_type() == at::kFloat && bias.is_contiguous() ? bias
-                                                                                      : bias.to(at::kFloat).contiguous();
+  const bool ready = bias.scalar_type() == at::kFloat && bias.is_contiguous();
+  const at::Tensor bias32 = ready ? bias : bias.to(at::kFloat).contiguous();
   std::vector<float> out32(q.numel());
   const int64_t ks[4] = {cache_keys.stride(1), cache_keys.stride(2), 0, cache_keys.stride(3)};
   const int64_t vs[4] = {cache_values.stride(1), cache_values.stride(2), 0, cache_values.stride(3)};

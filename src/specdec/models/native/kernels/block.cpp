@@ -10,14 +10,15 @@
 //   h = rms_norm(x); q, k, v = split_rope(qkv(h)); cache[row, :, start:start+T] = k, v;
 //   a = blocked attention of q over the cache's first key_length slots (one ChainChunk's bias);
 //   x = x + o(a); x = x + down(silu(gate) * up) with gate, up = gate_up(rms_norm(x)).
-// rms_norm, split_rope, blocked attention and the w4a8 projections are specdec's own kernels, called
-// directly (layer_kernels.h): the keys and values go from the RoPE pass straight into the cache, the
-// attention reads its queries and writes its output in the layouts around it, and the residual adds
-// happen in the o and down projections' passes. Those were ~25 ATen views, copies, conversions and
-// adds a layer, and after the projections stream megabytes of weights each ran from cold caches:
-// taking them out made the 0.5B draft's step 4-5% faster and the 1.5B target's 2.5-3% (2-core AMX
-// Xeon; benchmarks/RESULTS.md, "The block's glue fused: 4-5% off the draft's step (issue 38, item 3)").
-// silu and the product stay ATen's, as in Python.
+// rms_norm, split_rope, blocked attention, silu_mul and the w4a8 projections are specdec's own
+// kernels, called directly (layer_kernels.h): the keys and values go from the RoPE pass straight into
+// the cache, the attention reads its queries and writes its output in the layouts around it, and the
+// residual adds happen in the o and down projections' passes. Those were ~25 ATen views, copies,
+// conversions and adds a layer, and after the projections stream megabytes of weights each ran from
+// cold caches: taking them out made the 0.5B draft's step 4-5% faster and the 1.5B target's 2.5-3%
+// (2-core AMX Xeon; benchmarks/RESULTS.md, "The block's glue fused: 4-5% off the draft's step (issue
+// 38, item 3)").
+// silu(gate) * up is layer_ops.cpp's kernel, which model.py's MLP calls too.
 //
 // chain_layers runs every block of the model in one call (or one block, where benchmarks compare the
 // two forms): the Python loop over blocks, with its module calls and argument lists, cost 41-70 us a
@@ -62,18 +63,15 @@ at::Tensor layer_forward(const at::Tensor& x, const at::Tensor& attention_norm, 
 
   // Attention (model.py's Attention.forward and attention.py's chain_attention, one chunk): the new
   // keys and values go straight into the cache, the output comes back as [B, T, Hq * D].
-  const at::Tensor q = specdec::split_rope_into_cache(project(0, specdec::rms_norm(x, attention_norm, eps)), cos, sin, heads,
-                                                      kv_heads, dim, cache.keys, cache.values, layer,
-                                                      cache.first_row, cache.starts);
+  const at::Tensor qkv = project(0, specdec::rms_norm(x, attention_norm, eps));
+  const at::Tensor q = specdec::split_rope_into_cache(qkv, cos, sin, heads, kv_heads, dim, cache.keys, cache.values,
+                                                      layer, cache.first_row, cache.starts);
   const at::Tensor attended = specdec::chain_attention(q, cache.keys, cache.values, layer, cache.first_row,
                                                        cache.key_length, cache.bias, cache.block);
   const at::Tensor mid = project(1, attended, &x);  // x + o(a)
 
-  // MLP (model.py's MLP.forward): x + down(silu(gate) * up); silu and the product are ATen's, as there
-  // (the product in place: the same kernel, one buffer fewer).
-  const at::Tensor gate_up = project(2, specdec::rms_norm(mid, mlp_norm, eps));
-  const int64_t half = outputs[2] / 2;
-  const at::Tensor hidden = at::silu(gate_up.narrow(-1, 0, half)).mul_(gate_up.narrow(-1, half, half));
+  // MLP (model.py's MLP.forward): x + down(silu(gate) * up).
+  const at::Tensor hidden = specdec::silu_mul(project(2, specdec::rms_norm(mid, mlp_norm, eps)));
   return project(3, hidden, &mid);
 }
 

@@ -19,6 +19,9 @@ at::Tensor w4a8_project(const at::Tensor& x, const at::Tensor& packed, const at:
 // layer_ops.cpp: specdec_layer::rms_norm.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// layer_ops.cpp: specdec_layer::silu_mul, the MLP's silu(gate) * up of gate_up [..., 2I] -> [..., I].
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
 // layer_ops.cpp: specdec_layer::split_rope, with the rotated keys and the values written straight
 // into the cache (keys and values [L, rows, Hkv, S, D] in qkv's dtype: layer `layer`, rows
 // first_row .., row b's tokens at slots starts[b] ..). Returns the rotated queries [B, Hq, T, D].

@@ -1,4 +1,5 @@
-// The decoder layer's small ops in one call each: RMSNorm, and q/k/v split + RoPE + head layout.
+// The decoder layer's small ops in one call each: RMSNorm, q/k/v split + RoPE + head layout, and the
+// MLP's silu(gate) * up.
 //
 // Why: in PyTorch ops RMSNorm is 7 dispatches and RoPE on q and k with its rotate-half another ~16, so
 // a one-token step of the 28-layer 1.5B target spent ~7 of ~55 ms in ~1,100 small ops (profile on a
@@ -10,7 +11,11 @@
 //   the last bit may differ from the fallback; the order here is the same on every row count and
 //   instruction set);
 // - rope: q' = dtype(dtype(q * cos) + dtype(rotate_half(q) * sin)), exactly PyTorch's three
-//   rounded ops.
+//   rounded ops;
+// - silu_mul: dtype(dtype(g / (1 + e^-g)) * u), rounded where PyTorch's silu and product round, with
+//   e^x from exp_poly.h, specdec's own polynomial (ATen's comes from SLEEF: the last bit of silu may differ
+//   from the fallback). Why: in ATen the two ops ran ~28 us a layer of the 0.5B draft's step from
+//   cold caches, 5 us warm (benchmarks/RESULTS.md, "The block's glue fused: 4-5% off the draft's step").
 // Batch invariance by construction: every row's arithmetic is its own. Compiled without FMA
 // contraction (-ffp-contract=off), so GCC's AVX2/AVX-512 clones round like the scalar code.
 
@@ -18,11 +23,21 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "exp_poly.h"
 #include "layer_kernels.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -89,6 +104,162 @@ SPECDEC_CLONES void rope_head(const T* src, const T* cos, const T* sin, T* dst, 
   }
 }
 
+// c10::BFloat16's conversions, branch-free so that loops over them vectorize: round to nearest even
+// (NaN to 0x7fc0), and back.
+inline uint16_t bf16_bits(float x) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return x != x ? static_cast<uint16_t>(0x7fc0) : static_cast<uint16_t>(rounded);
+}
+inline float bf16_float(uint16_t bits) { return __builtin_bit_cast(float, static_cast<uint32_t>(bits) << 16); }
+
+// silu(g) = g / (1 + e^-g) in fp32, with e^-g from exp_poly.h (-g clamped to [-87, 88]: beyond it
+// the quotient is g, or a float within 1e-36 of silu's true value).
+inline float silu(float g) {
+  float t = -g;
+  t = t > -87.f ? t : -87.f;
+  t = t < 88.f ? t : 88.f;
+  return g / (1.f + specdec::exp_poly(t));
+}
+
+// The MLP's silu(gate) * up for one row, rounded to the dtype at the two points PyTorch's silu and
+// product round: dtype(dtype(silu(g)) * u). specdec's own law: ATen's silu takes e^x from SLEEF,
+// whose last bit may differ; the op-by-op form (model.py's MLP) calls this kernel too, so both forms
+// keep the same bits. Scalar here, the reference of the vector paths below and their tails.
+void silu_mul_scalar(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+}
+void silu_mul_scalar(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float silu_rounded = bf16_float(bf16_bits(silu(bf16_float(gate[i]))));
+    out[i] = bf16_bits(silu_rounded * bf16_float(up[i]));
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SPECDEC_SILU_VECTOR 1
+// Why by hand: GCC leaves the loop over silu() scalar on AVX2 ("control flow in loop": the clamps
+// beside exp's polynomial), and on AVX-512F the bf16 conversions (16-bit lanes need AVX512BW there).
+// Each lane repeats silu()'s and the conversions' operations in their order (sign flip, max, min,
+// mul, add, sub, truncation, shift, division; no FMA), so every path gives the scalar bits (tests).
+// The clamps: `t > -87 ? t : -87` is maxps(t, -87) and `t < 88 ? t : 88` minps(t, 88), NaN included.
+__attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 g) {
+  __m512 t = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 e = specdec::exp_poly16(t);
+  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 bf16x16_load(const uint16_t* x) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512i bf16x16_bits(__m512 x) {  // in 32-bit lanes
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, _mm512_set1_epi32(0x7fc0));
+}
+__attribute__((target("avx512f"))) void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(silu16(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+  silu_mul_scalar(gate + i, up + i, out + i, n - i);
+}
+__attribute__((target("avx512f"))) void silu_mul_avx512(const uint16_t* gate, const uint16_t* up, uint16_t* out,
+                                                        int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i silu = bf16x16_bits(silu16(bf16x16_load(gate + i)));
+    const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(silu, 16));
+    const __m512i y = bf16x16_bits(_mm512_mul_ps(rounded, bf16x16_load(up + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(y));
+  }
+  silu_mul_scalar(gate + i, up + i, out + i, n - i);
+}
+
+__attribute__((target("avx2"), always_inline)) inline __m256 silu8(__m256 g) {
+  __m256 t = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(g), _mm256_set1_epi32(INT32_MIN)));
+  t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 e = specdec::exp_poly8(t);
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+}
+__attribute__((target("avx2"), always_inline)) inline __m256 bf16x8_load(const uint16_t* x) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+__attribute__((target("avx2"), always_inline)) inline __m256i bf16x8_bits(__m256 x) {  // in 32-bit lanes
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), nan);
+}
+__attribute__((target("avx2"))) void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+  silu_mul_scalar(gate + i, up + i, out + i, n - i);
+}
+__attribute__((target("avx2"))) void silu_mul_avx2(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i silu = bf16x8_bits(silu8(bf16x8_load(gate + i)));
+    const __m256 rounded = _mm256_castsi256_ps(_mm256_slli_epi32(silu, 16));
+    const __m256i y = bf16x8_bits(_mm256_mul_ps(rounded, bf16x8_load(up + i)));
+    // every lane < 2^16: unsigned saturation keeps it
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);
+  }
+  silu_mul_scalar(gate + i, up + i, out + i, n - i);
+}
+#endif
+
+// Whether ONEDNN_MAX_CPU_ISA lets this process take a vector path (attention.cpp's cap_allows: the
+// cap that lowers PyTorch's paths lowers these, so one machine runs and the tests compare them all).
+bool cap_allows(std::initializer_list<const char*> names) {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap == nullptr || std::strcmp(cap, "ALL") == 0 || std::strcmp(cap, "DEFAULT") == 0) return true;
+  for (const char* name : names)
+    if (std::strncmp(cap, name, std::strlen(name)) == 0) return true;
+  return false;
+}
+
+template <typename T>
+void silu_mul_row(const T* gate, const T* up, T* out, int64_t n) {
+#ifdef SPECDEC_SILU_VECTOR
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && cap_allows({"AVX512"});
+  static const bool avx2 = __builtin_cpu_supports("avx2") && cap_allows({"AVX2", "AVX512", "AMX"});
+  if (avx512) return silu_mul_avx512(gate, up, out, n);
+  if (avx2) return silu_mul_avx2(gate, up, out, n);
+#endif
+  silu_mul_scalar(gate, up, out, n);
+}
+
+// gate_up [..., 2I] (gate, then up) -> [..., I]: silu(gate) * up, row by row.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "silu_mul: gate_up must be [..., 2 I]");
+  const at::Tensor input = gate_up.contiguous();
+  const int64_t width = input.size(-1), half = width / 2, rows = input.numel() / std::max<int64_t>(width, 1);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.back() = half;
+  at::Tensor out = at::empty(shape, input.options());
+  TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16,
+              "silu_mul: gate_up must be fp32 or bf16");
+  const bool bf16 = input.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      if (bf16) {
+        const uint16_t* x = reinterpret_cast<const uint16_t*>(input.data_ptr<at::BFloat16>()) + m * width;
+        silu_mul_row(x, x + half, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + m * half, half);
+      } else {
+        const float* x = input.data_ptr<float>() + m * width;
+        silu_mul_row(x, x + half, out.data_ptr<float>() + m * half, half);
+      }
+    }
+  });
+  return out;
+}
+
 // qkv [B, T, (Hq + 2 Hkv) D] (the fused projection's output), cos/sin [B, 1, T, D] ->
 // q [B, Hq, T, D] rotated; the keys rotated and the values to (key_out, value_out) at token (b, t),
 // KV head h: key_out + b * row_stride + h * head_stride + t * dim, contiguous over dim: model.py's
@@ -153,6 +324,8 @@ namespace specdec {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return ::rms_norm(x, weight, eps); }
 
+at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+
 at::Tensor split_rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                                  int64_t kv_heads, int64_t dim, const at::Tensor& cache_keys,
                                  const at::Tensor& cache_values, int64_t layer, int64_t first_row,
@@ -190,9 +363,11 @@ at::Tensor split_rope_into_cache(const at::Tensor& qkv, const at::Tensor& cos, c
 TORCH_LIBRARY(specdec_layer, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("split_rope(Tensor qkv, Tensor cos, Tensor sin, int heads, int kv_heads, int dim) -> Tensor[]");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec_layer, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("split_rope", &split_rope);
+  m.impl("silu_mul", &silu_mul);
 }
