@@ -27,6 +27,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "cpu_paths.h"
 #include "exp_poly.h"
 #include "layer_kernels.h"
 
@@ -37,10 +38,8 @@
 #include <immintrin.h>
 #endif
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -262,26 +261,8 @@ __attribute__((target("avx2"))) void dots4_avx2(const float* q, const float* k, 
   out[3] = lanes[5];
 }
 
-// Whether ONEDNN_MAX_CPU_ISA lets this process take a path: unset, ALL, DEFAULT, or a cap that starts
-// with one of `names` (that ISA or a newer one). The cap that lowers PyTorch's and w4a8's paths lowers
-// these, so one machine runs (and the tests compare) every path it has.
-inline bool cap_allows(std::initializer_list<const char*> names) {
-  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (cap == nullptr || std::strcmp(cap, "ALL") == 0 || std::strcmp(cap, "DEFAULT") == 0) return true;
-  for (const char* name : names)
-    if (std::strncmp(cap, name, std::strlen(name)) == 0) return true;
-  return false;
-}
-
-inline bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && cap_allows({"AVX2", "AVX512", "AMX"});
-  return yes;
-}
-
-inline bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && cap_allows({"AVX512"});
-  return yes;
-}
+using specdec::has_avx2;  // cpu_paths.h: the CPU's paths, lowered by ONEDNN_MAX_CPU_ISA
+using specdec::has_avx512;
 #define SPECDEC_X86_VECTOR 1
 #endif
 
@@ -829,8 +810,9 @@ at::Tensor chain_attention(const at::Tensor& q, const at::Tensor& cache_keys, co
                            int64_t layer, int64_t first_row, int64_t key_length, const at::Tensor& bias,
                            int64_t block) {
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous() && cache_keys.dim() == 5 &&
-                  cache_keys.sizes() == cache_values.sizes() && cache_keys.scalar_type() == cache_values.scalar_type() &&
-                  cache_keys.stride(4) == 1 && cache_values.stride(4) == 1 && cache_keys.size(4) == q.size(3) &&
+                  cache_keys.sizes() == cache_values.sizes() &&
+                  cache_keys.scalar_type() == cache_values.scalar_type() && cache_keys.stride(4) == 1 &&
+                  cache_values.stride(4) == 1 && cache_keys.size(4) == q.size(3) &&
                   q.size(1) % cache_keys.size(2) == 0,
               "chain_attention: q [B, Hq, T, D] contiguous, the cache [L, rows, Hkv, S, D]");
   const int64_t B = q.size(0), heads = q.size(1), steps = q.size(2), D = q.size(3), H = cache_keys.size(2);

@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cpu_paths.h"
 #include "exp_poly.h"
 #include "layer_kernels.h"
 
@@ -30,9 +31,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <initializer_list>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -214,23 +212,11 @@ __attribute__((target("avx2"))) void silu_mul_avx2(const uint16_t* gate, const u
 }
 #endif
 
-// Whether ONEDNN_MAX_CPU_ISA lets this process take a vector path (attention.cpp's cap_allows: the
-// cap that lowers PyTorch's paths lowers these, so one machine runs and the tests compare them all).
-bool cap_allows(std::initializer_list<const char*> names) {
-  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (cap == nullptr || std::strcmp(cap, "ALL") == 0 || std::strcmp(cap, "DEFAULT") == 0) return true;
-  for (const char* name : names)
-    if (std::strncmp(cap, name, std::strlen(name)) == 0) return true;
-  return false;
-}
-
 template <typename T>
 void silu_mul_row(const T* gate, const T* up, T* out, int64_t n) {
 #ifdef SPECDEC_SILU_VECTOR
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && cap_allows({"AVX512"});
-  static const bool avx2 = __builtin_cpu_supports("avx2") && cap_allows({"AVX2", "AVX512", "AMX"});
-  if (avx512) return silu_mul_avx512(gate, up, out, n);
-  if (avx2) return silu_mul_avx2(gate, up, out, n);
+  if (specdec::has_avx512()) return silu_mul_avx512(gate, up, out, n);
+  if (specdec::has_avx2()) return silu_mul_avx2(gate, up, out, n);
 #endif
   silu_mul_scalar(gate, up, out, n);
 }
@@ -261,9 +247,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 }
 
 // qkv [B, T, (Hq + 2 Hkv) D] (the fused projection's output), cos/sin [B, 1, T, D] ->
-// q [B, Hq, T, D] rotated; the keys rotated and the values to (key_out, value_out) at token (b, t),
-// KV head h: key_out + b * row_stride + h * head_stride + t * dim, contiguous over dim: model.py's
-// split, view, transpose and RoPE in one pass.
+// q [B, Hq, T, D] rotated; row b's keys rotated and its values to key_rows[b] and value_rows[b], token
+// t of KV head h at + h * head_stride + t * dim, contiguous over dim: model.py's split, view,
+// transpose and RoPE in one pass.
 template <typename T>
 void split_rope_rows(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                      int64_t kv_heads, int64_t dim, at::Tensor& q, T* const* key_rows, T* const* value_rows,

@@ -673,7 +673,8 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   TORCH_CHECK(x.dim() == 2, "w4a8_linear: x must be [M, K]");
   if (columns < 0) columns = packed.size(0) * kLanes;
   const at::ScalarType want = out_dtype.value_or(at::kFloat);
-  at::Tensor out = at::empty({x.size(0), columns}, x.options().dtype(want == at::kBFloat16 ? at::kBFloat16 : at::kFloat));
+  const at::ScalarType stored = want == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  at::Tensor out = at::empty({x.size(0), columns}, x.options().dtype(stored));
   w4a8_into(x, packed, codes, supers, bias, isa, columns, out, nullptr);
   return out.scalar_type() == want ? out : out.to(want);
 }
@@ -910,16 +911,13 @@ namespace specdec {
 at::Tensor w4a8_project(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& codes,
                         const at::Tensor& supers, const c10::optional<at::Tensor>& bias, int64_t isa,
                         int64_t columns, const at::Tensor* residual) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "w4a8_project: x must be bf16 or fp32");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "w4a8_project: x must be bf16 or fp32");
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = columns;
-  at::Tensor out = at::empty(shape, x.options().dtype(x.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat));
-  if (residual != nullptr && !residual->is_contiguous()) {
-    const at::Tensor contiguous = residual->contiguous();
-    w4a8_into(x, packed, codes, supers, bias, isa, columns, out, &contiguous);
-  } else {
-    w4a8_into(x, packed, codes, supers, bias, isa, columns, out, residual);
-  }
+  at::Tensor out = at::empty(shape, x.options());
+  const at::Tensor rows = residual == nullptr ? at::Tensor() : residual->contiguous();  // itself if contiguous
+  w4a8_into(x, packed, codes, supers, bias, isa, columns, out, residual == nullptr ? nullptr : &rows);
   return out;
 }
 
