@@ -163,6 +163,75 @@ def test_the_catch_up_is_weighed_only_before_a_request_drafts():
     assert _next(fresh, "b", unread=64, remaining=1) == 0
 
 
+def _poor_request_then_plain(controller: AdaptiveK) -> None:
+    """Request "a": its drafts are all rejected, so it decodes plainly; each probe's draft reads the
+    tokens committed since the last one (5 ms a token) before drafting its one token (10 ms)."""
+    _started(controller)
+    for k in (2, 1, 2, 1):
+        _record(controller, k, 0, 0.01 * k, 0.1)
+    since = 0
+    for _ in range(60):
+        k = _next(controller)
+        since += 1
+        _record(controller, k, 0, 0.01 * k + 0.005 * since * (k > 0), 0.1, caught_up=since * (k > 0))
+        since *= k == 0
+    controller.forget("a")
+
+
+def test_a_probes_backlog_is_not_counted_as_drafting_cost():
+    """After a plain streak a probe's draft first reads what was committed meanwhile (8-64 tokens,
+    0.05-0.33 s here) before its one 10 ms draft. That is the price of leaving plain decoding, not
+    of drafting: counted as drafting, it made a draft token look 5-30x dearer, and request "b",
+    whose first probe is accepted, stayed plain (on the real pair, a math answer after a
+    translation: 0.97x plain instead of 1.5x)."""
+    controller = AdaptiveK(max_k=8)
+    _poor_request_then_plain(controller)
+    assert controller._draft_s.predictor()(1) == pytest.approx(0.01)
+    seconds_per_token = sum(s for _, s in controller._catch_up) / sum(n for n, _ in controller._catch_up)
+    assert seconds_per_token == pytest.approx(0.005)
+    controller.start_row("b")
+    since = 0
+    while (k := _next(controller, "b")) == 0:
+        since += 1
+    assert k == 1  # a probe
+    _record(controller, 1, 1, 0.01 + 0.005 * (since + 1), 0.1, "b", caught_up=since + 1)
+    assert _next(controller, "b") >= 1  # accepted: drafting pays at 10 ms a draft token
+
+
+def test_a_probe_that_only_read_a_backlog_probes_again_at_once():
+    """A draft model far behind reads one chunk and drafts nothing: the probe has told nothing about
+    acceptance, so the next step probes again instead of waiting out another doubled gap."""
+    controller = _started(AdaptiveK(max_k=8, explore_every=4))
+    for _ in range(3):
+        _record(controller, 2, 0, 0.02, 0.1)
+    plain = 0
+    while (k := _next(controller)) == 0 and plain < 30:
+        _record(controller, 0, 0, 0.0, 0.1)
+        plain += 1
+    assert k == 1 and plain == 3  # a probe: the explore_every-th choice of a plain streak
+    controller.record(["a"], [1], [0], [0], draft_s=0.3, tokens=1, verify_s=0.1, caught_up=64)  # read only
+    assert _next(controller) == 1
+
+
+def test_deeper_positions_follow_the_requests_own_rate():
+    """Earlier requests' drafts failed at position 0, so the engine never judged position 1. A request
+    whose first drafts are all accepted expects its second to be as well (acceptance is bursty), not
+    the engine's poor rate: it drafts two tokens after a few steps, as a fresh engine would."""
+    controller = AdaptiveK(max_k=8)
+    _poor_request_then_plain(controller)
+    assert controller._all_tried[1] == 0
+    controller.start_row("b")
+    for _ in range(5):
+        controller._record_acceptance(controller._row("b"), 1, 1)
+    rates = controller.rates("b")
+    assert rates[0] > 0.75 and rates[1] > 0.75 * rates[0]
+    fresh = AdaptiveK(max_k=8)
+    fresh.start_row("b")
+    for _ in range(5):
+        fresh._record_acceptance(fresh._row("b"), 1, 1)
+    assert rates[1] / rates[0] == pytest.approx(fresh.rates("b")[1] / fresh.rates("b")[0], rel=0.25)
+
+
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
 def test_bad_max_k_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="max_k"):

@@ -8,10 +8,11 @@ chooses the k that maximises predicted tokens per second over the whole step,
 
 k = 0 (a plain step) included. E_b is Leviathan et al.'s Equation 1 (arXiv 2211.17192) with one
 conditional acceptance rate per draft position (acceptance is bursty), per row, shrunk towards the
-engine's rates over all requests. The costs are medians of this engine's own steps (planning/costs.py):
-the target's by the tokens in its forward, whatever the rows (a CPU forward costs about the same for
-4 rows of 1 token as for 1 row of 4), the proposer's by the drafts of the widest row (one draft
-forward per position, whatever the rows). The verify forward is rectangular, so only the widest
+engine's rates over all requests (deeper positions: towards the row's own rate one position up, in the
+engine's shape). The costs are medians of this engine's own steps (planning/costs.py): the target's by
+the tokens in its forward, whatever the rows (a CPU forward costs about the same for 4 rows of 1 token
+as for 1 row of 4), the proposer's by the drafts of the widest row (one draft forward per position,
+whatever the rows), a draft model's backlog after steps without drafting kept apart. The verify forward is rectangular, so only the widest
 row's drafts count, as in SmartSpec's goodput (Liu et al. 2024, arXiv 2406.14066). A row asked to draft
 may propose nothing (an n-gram without a match): it then commits one token, and where no row proposes,
 the forward is a plain one; each row's rate of proposing weighs both. Around that choice:
@@ -32,6 +33,10 @@ from dataclasses import dataclass
 from specdec.planning.costs import RecentTimes
 from specdec.planning.theory import expected_tokens_from_rates
 
+# Committed tokens a drafting row's proposer reads in a step when it also drafted in the step before:
+# that step's last draft (never fed) and the target's bonus token. More is a backlog (see record).
+STEADY_READ = 2
+
 
 @dataclass
 class _Row:
@@ -44,6 +49,7 @@ class _Row:
     proposed: float = 0.0  # and of those, steps it drafted anything (an n-gram finds no match at times)
     drafted: bool = False  # it has drafted: its catch-up was weighed, or needed no weighing
     plain: bool = False  # its catch-up would not pay: it decodes plainly to the end
+    drafted_last: bool = False  # it drafted in the last step it took part in
 
 
 class AdaptiveK:
@@ -88,6 +94,8 @@ class AdaptiveK:
         self._rows: dict[Hashable, _Row] = {}
         self._plain_in_a_row = 0
         self._explore_gap = explore_every
+        self._probing = False  # the last choice was a probe (drafting tried after a plain streak)
+        self._probe_again = False  # that probe only read the proposer's backlog: probe at the next step
 
     @classmethod
     def for_proposer(cls, max_k: int, proposer) -> AdaptiveK:
@@ -119,15 +127,22 @@ class AdaptiveK:
     def rates(self, handle: Hashable) -> list[float]:
         """P(draft j accepted | drafts before it accepted), j = 0..max_k-1, for this request now.
 
-        Two shrinkage steps, each (hits + w x prior) / (trials + w): the engine's rate at j towards
-        its rate at j - 1 (prior_rate at j = 0), so a deep position tried a few times drifts back
-        and is tried again; and this request's rate towards the engine's. A position with no
-        trials takes its prior whole.
+        Two shrinkage steps, each (hits + w x prior) / (trials + w). The engine's rate at j is shrunk
+        towards its rate at j - 1 (prior_rate at j = 0), so a deep position tried a few times drifts
+        back and is tried again. This request's rate at j is shrunk towards the engine's at j = 0,
+        and deeper towards its own rate at j - 1 times the engine's ratio of j to j - 1: the engine
+        knows the draft's shape over positions, the request its own level. A request whose first
+        drafts are all accepted thus tries deeper ones soon, even after requests whose drafts failed
+        early and never reached them (benchmarks/RESULTS.md, "-k auto after a plain streak"). A
+        position with no trials takes its prior whole; no prior exceeds the larger of its two sources.
         """
-        row, rates, engine_rate, w = self._row(handle), [], self.prior_rate, self.prior_weight
+        row, rates, w = self._row(handle), [], self.prior_weight
+        engine_rate = self.prior_rate
         for j in range(self.max_k):
+            before = engine_rate
             engine_rate = (self._all_accepted[j] + w * engine_rate) / (self._all_tried[j] + w)
-            rates.append((row.accepted[j] + w * engine_rate) / (row.tried[j] + w))
+            prior = engine_rate if j == 0 else min(rates[-1] * engine_rate / before, max(rates[-1], engine_rate))
+            rates.append((row.accepted[j] + w * prior) / (row.tried[j] + w))
         return rates
 
     # ---- the choice -------------------------------------------------------------------------
@@ -140,6 +155,7 @@ class AdaptiveK:
         each row's proposer has not read yet (a draft model's prefill, Proposer.unread_tokens);
         remaining: what each row may still emit. The last two only matter before a row first drafts.
         """
+        self._probing = False
         rows = [self._row(handle) for handle in handles]
         caps = [0 if row.plain else min(cap, self.max_k) for row, cap in zip(rows, caps)]
         if not any(caps):
@@ -184,14 +200,18 @@ class AdaptiveK:
             if not any(caps):
                 return [0] * len(caps)
         if k > 0:
-            self._plain_in_a_row, self._explore_gap = 0, self.explore_every
+            self._plain_in_a_row, self._explore_gap, self._probe_again = 0, self.explore_every, False
             return self._capped(k, rows, caps)
-        self._plain_in_a_row += 1
-        if self._plain_in_a_row < self._explore_gap:
-            return [0] * len(caps)
-        # A probe of one drafted token; the next one, if drafting still does not pay, waits twice as long.
-        self._plain_in_a_row = 0
-        self._explore_gap = min(2 * self._explore_gap, self.max_explore_every)
+        if self._probe_again:  # the last probe only read a backlog (a draft model far behind): go on
+            self._probe_again = False
+        else:
+            self._plain_in_a_row += 1
+            if self._plain_in_a_row < self._explore_gap:
+                return [0] * len(caps)
+            # A probe of one drafted token; the next one, if drafting still does not pay, waits twice as long.
+            self._plain_in_a_row = 0
+            self._explore_gap = min(2 * self._explore_gap, self.max_explore_every)
+        self._probing = True
         return [min(1, cap) for cap in caps]
 
     @staticmethod
@@ -204,25 +224,45 @@ class AdaptiveK:
                accepted: Sequence[int], *, draft_s: float, tokens: int, verify_s: float, caught_up: int = 0) -> None:
         """One step: each row's k (asked), drafts and accepted drafts, the proposer's time, the forward's tokens
         (every row's root, drafts, padding, lookahead window) and the target's time for the forward and
-        verification; caught_up: context tokens the proposer read in a step where it drafted nothing
-        (a draft model's catch-up, whose time draft_s is).
+        verification; caught_up: committed tokens the proposer read this step (a draft model's
+        catch-up; draft_s includes their time).
 
         Row b's positions 0..accepted-1 were tried and accepted; position `accepted` was tried and
         rejected if accepted < drafted; later ones were never judged.
+
+        The proposer's time goes to one of two accounts. A step in which a row drafts again after
+        steps without drafting (a request's first, the end of a plain streak: a probe) carries that
+        row's backlog, the tokens committed while its draft model did not read; this is the cost of
+        leaving plain decoding, once, not of drafting. Kept with the drafting costs, the probes'
+        backlog made drafting look several times dearer than it is whenever a request decoded
+        plainly for a while, so one request with a poor draft held the next ones plain
+        (benchmarks/RESULTS.md, "-k auto after a plain streak"). Such a step's time beyond the drafting
+        cost goes to the catch-up account; a step in which nothing was drafted is all catch-up.
         """
+        resumed = False  # some row drafts after a step without drafting
+        asking = 0
         for handle, row_asked, row_drafted, row_accepted in zip(handles, asked, drafted, accepted):
             row = self._row(handle)
             if row_asked > 0:
+                asking += 1
+                resumed |= row_drafted > 0 and not row.drafted_last
                 row.asked = row.asked * self.decay + 1
                 row.proposed = row.proposed * self.decay + (row_drafted > 0)
+            row.drafted_last = row_drafted > 0
             if row_drafted > 0:
                 self._record_acceptance(row, row_drafted, row_accepted)
+        backlog = resumed and caught_up > STEADY_READ * asking
         widest = max(drafted, default=0)
         if widest > 0:
-            self._draft_s.add(float(widest), draft_s)
             self._drafted_steps += 1
+            steady = self._draft_s.predictor()
+            if not backlog:
+                self._draft_s.add(float(widest), draft_s)
+            elif steady is not None:
+                self._catch_up.append((caught_up, max(0.0, draft_s - steady(widest))))
         elif caught_up > 0:
             self._catch_up.append((caught_up, draft_s))
+            self._probe_again = self._probing  # a probe that drafted nothing has told nothing yet
         self._verify_s.add(float(tokens), verify_s)
 
     def _record_acceptance(self, row: _Row, drafted: int, accepted: int) -> None:
