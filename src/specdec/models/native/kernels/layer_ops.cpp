@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "bf16_lanes.h"
 #include "cpu_paths.h"
 #include "exp_poly.h"
 #include "layer_kernels.h"
@@ -147,16 +148,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 silu16(__m512 g)
   const __m512 e = specdec::exp_poly16(t);
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
-__attribute__((target("avx512f"), always_inline)) inline __m512 bf16x16_load(const uint16_t* x) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-__attribute__((target("avx512f"), always_inline)) inline __m512i bf16x16_bits(__m512 x) {  // in 32-bit lanes
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
-  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, _mm512_set1_epi32(0x7fc0));
-}
 __attribute__((target("avx512f"))) void silu_mul_avx512(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -167,9 +158,9 @@ __attribute__((target("avx512f"))) void silu_mul_avx512(const uint16_t* gate, co
                                                         int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i silu = bf16x16_bits(silu16(bf16x16_load(gate + i)));
+    const __m512i silu = specdec::bf16x16_bits(silu16(specdec::bf16x16_load(gate + i)));
     const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(silu, 16));
-    const __m512i y = bf16x16_bits(_mm512_mul_ps(rounded, bf16x16_load(up + i)));
+    const __m512i y = specdec::bf16x16_bits(_mm512_mul_ps(rounded, specdec::bf16x16_load(up + i)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(y));
   }
   silu_mul_scalar(gate + i, up + i, out + i, n - i);
@@ -181,17 +172,6 @@ __attribute__((target("avx2"), always_inline)) inline __m256 silu8(__m256 g) {
   const __m256 e = specdec::exp_poly8(t);
   return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
 }
-__attribute__((target("avx2"), always_inline)) inline __m256 bf16x8_load(const uint16_t* x) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-__attribute__((target("avx2"), always_inline)) inline __m256i bf16x8_bits(__m256 x) {  // in 32-bit lanes
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), nan);
-}
 __attribute__((target("avx2"))) void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -201,9 +181,9 @@ __attribute__((target("avx2"))) void silu_mul_avx2(const float* gate, const floa
 __attribute__((target("avx2"))) void silu_mul_avx2(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i silu = bf16x8_bits(silu8(bf16x8_load(gate + i)));
+    const __m256i silu = specdec::bf16x8_bits(silu8(specdec::bf16x8_load(gate + i)));
     const __m256 rounded = _mm256_castsi256_ps(_mm256_slli_epi32(silu, 16));
-    const __m256i y = bf16x8_bits(_mm256_mul_ps(rounded, bf16x8_load(up + i)));
+    const __m256i y = specdec::bf16x8_bits(_mm256_mul_ps(rounded, specdec::bf16x8_load(up + i)));
     // every lane < 2^16: unsigned saturation keeps it
     const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), packed);

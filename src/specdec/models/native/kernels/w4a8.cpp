@@ -40,6 +40,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "bf16_lanes.h"
 #include "layer_kernels.h"
 
 #include <algorithm>
@@ -184,11 +185,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void store8_avx2(const Problem& 
     _mm256_storeu_ps(static_cast<float*>(p.out) + m * p.columns + n, v);
     return;
   }
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256 ordered = _mm256_cmp_ps(v, v, _CMP_ORD_Q);  // all ones where v is not NaN
-  rounded = _mm256_blendv_epi8(_mm256_set1_epi32(0x7fc0), rounded, _mm256_castps_si256(ordered));
+  const __m256i rounded = specdec::bf16x8_bits(v);
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p.out) + m * p.columns + n), packed);
 }
@@ -290,10 +287,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store16_avx512(
     _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * p.columns + n, mask, v);
     return;
   }
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  rounded = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), _mm512_set1_epi32(0x7fc0), rounded);
+  const __m512i rounded = specdec::bf16x16_bits(v);
   _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * p.columns + n, mask, _mm512_cvtepi32_epi16(rounded));
 }
 
