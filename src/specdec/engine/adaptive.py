@@ -255,10 +255,9 @@ class AdaptiveK:
         widest = max(drafted, default=0)
         if widest > 0:
             self._drafted_steps += 1
-            steady = self._draft_s.predictor()
             if not backlog:
                 self._draft_s.add(float(widest), draft_s)
-            elif steady is not None:
+            elif (steady := self._draft_s.predictor()) is not None:
                 self._catch_up.append((caught_up, max(0.0, draft_s - steady(widest))))
         elif caught_up > 0:
             self._catch_up.append((caught_up, draft_s))
