@@ -114,7 +114,11 @@ def test_auto_k_learns_what_reading_the_prompt_costs(plain, tokenizer):
     # Later plain steps chosen by the controller (timing-dependent) may leave the draft 8 behind
     # again: such catch-ups are recorded too, each at most one chunk.
     assert read[:2] == [8, 8] and all(tokens <= 8 for tokens in read)
-    assert all(seconds > 0 for _, seconds in engine.adaptive._catch_up)
+    # The prompt's chunks drafted nothing: all their time is catch-up. A later catch-up read with a
+    # draft (a probe after a plain streak) files only its time beyond the predicted drafting cost,
+    # which on this tiny model can be nothing (adaptive.py's record()).
+    seconds = [s for _, s in engine.adaptive._catch_up]
+    assert seconds[0] > 0 and seconds[1] > 0 and all(s >= 0 for s in seconds)
 
 
 def test_draft_cache_tracks_the_committed_tokens(plain, tokenizer):
