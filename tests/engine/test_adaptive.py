@@ -14,7 +14,8 @@ from specdec.engine.adaptive import AdaptiveK
 from specdec.planning.theory import best_k
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
-from specdec.proposers.base import ProposeContext, Proposer
+from specdec.proposers.base import PROPOSER, ProposeContext, Proposer, Source
+from specdec.proposers.hybrid import DRAFT
 from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
@@ -109,7 +110,7 @@ def test_one_row_that_always_proposes_gets_planning_best_k(accept, per_token_s):
     planning/theory.py's best_k computes it from the same rates and measured costs."""
     controller = _started(AdaptiveK(max_k=8, ramp_start=8))
     _feed(controller, 40, accept=accept, draft_s=0.005, verify_s_per_token=per_token_s, verify_s_fixed=0.1)
-    draft, verify = controller._draft_s.predictor(), controller._verify_s.predictor()
+    draft, verify = controller._draft_s["proposer"].predictor(), controller._verify_s.predictor()
     expected = best_k(controller.rates("a"), 0.0, lambda k: max((draft(k) if k else 0.0) + verify(k + 1), 1e-9),
                       8, min_k=0)
     chosen = _next(controller)
@@ -186,7 +187,7 @@ def test_a_probes_backlog_is_not_counted_as_drafting_cost():
     translation: 0.97x plain instead of 1.5x)."""
     controller = AdaptiveK(max_k=8)
     _poor_request_then_plain(controller)
-    assert controller._draft_s.predictor()(1) == pytest.approx(0.01)
+    assert controller._draft_s["proposer"].predictor()(1) == pytest.approx(0.01)
     seconds_per_token = sum(s for _, s in controller._catch_up) / sum(n for n, _ in controller._catch_up)
     assert seconds_per_token == pytest.approx(0.005)
     controller.start_row("b")
@@ -219,17 +220,78 @@ def test_deeper_positions_follow_the_requests_own_rate():
     the engine's poor rate: it drafts two tokens after a few steps, as a fresh engine would."""
     controller = AdaptiveK(max_k=8)
     _poor_request_then_plain(controller)
-    assert controller._all_tried[1] == 0
+    assert controller._engine_rates[PROPOSER].tried[1] == 0
     controller.start_row("b")
     for _ in range(5):
-        controller._record_acceptance(controller._row("b"), 1, 1)
+        controller._record_acceptance(controller._row("b"), PROPOSER, 1, 1)
     rates = controller.rates("b")
     assert rates[0] > 0.75 and rates[1] > 0.75 * rates[0]
     fresh = AdaptiveK(max_k=8)
     fresh.start_row("b")
     for _ in range(5):
-        fresh._record_acceptance(fresh._row("b"), 1, 1)
+        fresh._record_acceptance(fresh._row("b"), PROPOSER, 1, 1)
     assert rates[1] / rates[0] == pytest.approx(fresh.rates("b")[1] / fresh.rates("b")[0], rel=0.25)
+
+
+@pytest.mark.parametrize("lookup, lookup_accept, expected", [(Source("ngram", 1), 0.1, "draft"),
+                                                               (Source("ngram", 3), 0.95, "ngram")])
+def test_a_row_offered_two_sources_drafts_from_the_one_that_pays(lookup, lookup_accept, expected):
+    """ngram+draft under -k auto: each step the lookup's match (a weak 1-token one, or a 3-token one)
+    and the draft model (accepted at 0.8, 10 ms a token) are offered; the row learns each source's
+    rates and cost and takes the faster. Asking the lookup first (a fixed k's rule) would copy on
+    every step."""
+    controller = _started(AdaptiveK(max_k=8, ramp_start=8))
+    rng, used = random.Random(0), []
+    for _ in range(60):
+        k = controller.choose(["a"], [8], sources=[(lookup, DRAFT)])[0]
+        source = controller.sources[0]
+        used.append(source.name)
+        accept, per_token_s = (lookup_accept, 0.0001) if source == lookup else (0.8, 0.01)
+        accepted = 0
+        while accepted < k and rng.random() < accept:
+            accepted += 1
+        controller.record(["a"], [k], [k], [accepted], draft_s=per_token_s * k, tokens=k + 1,
+                          verify_s=0.1 + 0.001 * k, sources=[source])
+    assert used[:2] == ["ngram", "draft"]  # each source's cost is measured first
+    assert used[-30:].count(expected) >= 28, used
+    draft_s, lookup_s = (controller._draft_s[name].predictor() for name in ("draft", "ngram"))
+    assert draft_s(2) > 10 * lookup_s(2)  # costs kept per source
+
+
+def test_ngram_then_draft_offers_the_lookups_match_and_the_draft_model(draft_runner):
+    """sources() says which match the lookup holds; use_sources() routes a row to the draft model
+    even where the lookup matched."""
+    hybrid = NgramThenDraftProposer(NgramProposer(3, 1), DraftModelProposer(draft_runner))
+    context = [5, 9, 12, 5, 9]
+    assert hybrid.sources(0, context) == (Source("ngram", 2), DRAFT)
+    assert hybrid.sources(0, [5, 9, 12]) == (DRAFT,)
+    ctx = ProposeContext(torch.tensor([context]), SamplingParams(), None, VOCAB_SIZE)
+    hybrid.use_sources([Source("ngram", 2)])
+    assert hybrid.propose([ctx], [3]).token_ids.tolist() == [[12, 5, 9]]  # copied
+    hybrid.on_verified(torch.tensor([0]))
+    hybrid.use_sources([DRAFT])
+    alone = DraftModelProposer(HFRunner(make_model(seed=1, layers=1))).propose([ctx], [3]).token_ids.tolist()
+    assert hybrid.propose([ctx], [3]).token_ids.tolist() == alone != [[12, 5, 9]]  # the draft model's guesses
+    assert hybrid.steps_by_ngram == 1 and hybrid.steps_by_draft == 1
+
+
+def test_ngram_then_draft_under_auto_k_drafts_from_the_source_accepted_more(target_runner, tokenizer):
+    """A 34-token vocabulary: the lookup finds a match nearly every step, and some of its copies are
+    rejected; the draft model is the target itself (every draft accepted), and both cost the same here.
+    -k auto learns that and drafts with the model, where the lookup-first rule of a fixed k copied.
+    Greedy output stays plain's."""
+    prompt = PROMPT + " the quick brown"
+    reference = SpecEngine(target_runner, None, tokenizer).generate(prompt, max_new_tokens=60)
+    hybrid = NgramThenDraftProposer(NgramProposer(3, 1), DraftModelProposer(HFRunner(make_model(seed=0))))
+    engine = SpecEngine(target_runner, hybrid, tokenizer, k="auto", max_k=6)
+    engine.adaptive = CheapDraftTimings(max_k=6)
+    out = engine.generate(prompt, max_new_tokens=60)
+    assert out.token_ids == reference.token_ids
+    assert hybrid.steps_by_draft > 2 * hybrid.steps_by_ngram, (hybrid.steps_by_draft, hybrid.steps_by_ngram)
+    fixed = NgramThenDraftProposer(NgramProposer(3, 1), DraftModelProposer(HFRunner(make_model(seed=0))))
+    assert SpecEngine(target_runner, fixed, tokenizer, k=4).generate(prompt, max_new_tokens=60).token_ids == \
+        reference.token_ids
+    assert fixed.steps_by_ngram > fixed.steps_by_draft  # the lookup first: it nearly always matches
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
@@ -375,9 +437,9 @@ class CheapDraftTimings(AdaptiveK):
     with measured times k would sit at 1; fixed times make the test deterministic and keep
     k moving with the measured acceptance, which is the history-dependent part under test."""
 
-    def record(self, handles, asked, drafted, accepted, *, draft_s, tokens, verify_s, caught_up=0):
+    def record(self, handles, asked, drafted, accepted, *, draft_s, tokens, verify_s, caught_up=0, sources=None):
         super().record(handles, asked, drafted, accepted, draft_s=0.001 * max(drafted), tokens=tokens, verify_s=0.1,
-                       caught_up=caught_up)
+                       caught_up=caught_up, sources=sources)
 
 
 def test_auto_k_with_early_stopping_keeps_the_target_distribution():

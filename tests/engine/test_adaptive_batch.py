@@ -132,9 +132,9 @@ def test_auto_k_sampling_over_a_batch_is_lossless(models, tokenizer):
 class CpuLikeTimings(AdaptiveK):
     """The real controller, fed fixed times: a forward costs 0.1 s plus 0.01 s a token, a draft 1 ms a token."""
 
-    def record(self, handles, asked, drafted, accepted, *, draft_s, tokens, verify_s, caught_up=0):
+    def record(self, handles, asked, drafted, accepted, *, draft_s, tokens, verify_s, caught_up=0, sources=None):
         super().record(handles, asked, drafted, accepted, draft_s=0.001 * max(drafted), tokens=tokens,
-                       verify_s=0.1 + 0.01 * tokens, caught_up=caught_up)
+                       verify_s=0.1 + 0.01 * tokens, caught_up=caught_up, sources=sources)
 
 
 def test_auto_k_over_a_batch_backs_off_when_every_draft_fails(models, tokenizer):

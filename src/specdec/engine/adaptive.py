@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec.planning.costs import RecentTimes
 from specdec.planning.theory import expected_tokens_from_rates
+from specdec.proposers.base import PROPOSER, Source
 
 # Committed tokens a drafting row's proposer reads in a step when it also drafted in the step before:
 # that step's last draft (never fed) and the target's bonus token. More is a backlog (see record).
@@ -39,21 +40,36 @@ STEADY_READ = 2
 
 
 @dataclass
-class _Row:
-    """One request's state: decayed trials and hits per draft position, its slow-start cap."""
+class _Rates:
+    """Decayed trials and hits per draft position of one source: a request's, or the engine's."""
 
     tried: list[float]
     accepted: list[float]
-    ramp: int
-    asked: float = 0.0  # decayed: steps it was asked to draft,
+
+
+@dataclass
+class _Track:
+    """One request's record of one source (proposers/base.py: Source)."""
+
+    rates: _Rates
+    asked: float = 0.0  # decayed: steps it was asked to draft with this source,
     proposed: float = 0.0  # and of those, steps it drafted anything (an n-gram finds no match at times)
-    drafted: bool = False  # it has drafted: its catch-up was weighed, or needed no weighing
-    plain: bool = False  # its catch-up would not pay: it decodes plainly to the end
-    drafted_last: bool = False  # it drafted in the last step it took part in
+    drafted: bool = False  # it has drafted with it: its catch-up was weighed, or needed no weighing
+    drafted_last: bool = False  # it drafted with it in the last step it took part in
+
+
+@dataclass
+class _Row:
+    """One request's state: its record of each source, its slow-start cap."""
+
+    ramp: int
+    tracks: dict[Source, _Track] = field(default_factory=dict)
+    barred: set[Source] = field(default_factory=set)  # sources whose catch-up would not pay
 
 
 class AdaptiveK:
-    """Chooses each row's k for the next step; one per engine.
+    """Chooses each row's k for the next step, and where a composite proposer offers a row several
+    sources, which one drafts it; one per engine.
 
     >>> controller = AdaptiveK(max_k=8)
     >>> controller.start_row("a")
@@ -85,17 +101,19 @@ class AdaptiveK:
         # Tokens each drafting row adds to the forward besides its drafts (lookahead decoding's window).
         self.extra_tokens = extra_tokens
         self.min_draft_samples = 3  # drafted steps measured before plain decoding may be chosen
-        self._draft_s = RecentTimes(cost_window)  # the proposer's seconds, x = the widest row's drafts
+        self.cost_window = cost_window
+        # Per source name (Source.name): the proposer's seconds, x = the widest row's drafts; drafting steps.
+        self._draft_s: dict[str, RecentTimes] = {}
+        self._drafted_steps: dict[str, int] = {}
         self._verify_s = RecentTimes(cost_window)  # the target's seconds, x = the forward's tokens
-        self._drafted_steps = 0
         self._catch_up: deque[tuple[int, float]] = deque(maxlen=cost_window)  # (tokens read, seconds)
-        self._all_tried = [0.0] * max_k  # engine-wide, every request: a new request's prior
-        self._all_accepted = [0.0] * max_k
+        self._engine_rates: dict[Source, _Rates] = {}  # every request's, per source: a new request's prior
         self._rows: dict[Hashable, _Row] = {}
         self._plain_in_a_row = 0
         self._explore_gap = explore_every
         self._probing = False  # the last choice was a probe (drafting tried after a plain streak)
         self._probe_again = False  # that probe only read the proposer's backlog: probe at the next step
+        self.sources: list[Source] = []  # the source of each row of the last choice (what record() takes)
 
     @classmethod
     def for_proposer(cls, max_k: int, proposer) -> AdaptiveK:
@@ -121,11 +139,22 @@ class AdaptiveK:
     def _row(self, handle: Hashable) -> _Row:
         """The request's state; a handle not started yet starts now."""
         if handle not in self._rows:
-            self._rows[handle] = _Row([0.0] * self.max_k, [0.0] * self.max_k, self.ramp_start)
+            self._rows[handle] = _Row(self.ramp_start)
         return self._rows[handle]
 
-    def rates(self, handle: Hashable) -> list[float]:
-        """P(draft j accepted | drafts before it accepted), j = 0..max_k-1, for this request now.
+    def _track(self, row: _Row, source: Source) -> _Track:
+        if source not in row.tracks:
+            row.tracks[source] = _Track(_Rates([0.0] * self.max_k, [0.0] * self.max_k))
+        return row.tracks[source]
+
+    def _costs(self, name: str) -> RecentTimes:
+        if name not in self._draft_s:
+            self._draft_s[name] = RecentTimes(self.cost_window)
+        return self._draft_s[name]
+
+    def rates(self, handle: Hashable, source: Source = PROPOSER) -> list[float]:
+        """P(draft j accepted | drafts before it accepted), j = 0..max_k-1, for this request's drafts
+        from `source` now.
 
         Two shrinkage steps, each (hits + w x prior) / (trials + w). The engine's rate at j is shrunk
         towards its rate at j - 1 (prior_rate at j = 0), so a deep position tried a few times drifts
@@ -136,67 +165,101 @@ class AdaptiveK:
         early and never reached them (benchmarks/RESULTS.md, "-k auto after a plain streak"). A
         position with no trials takes its prior whole; no prior exceeds the larger of its two sources.
         """
-        row, rates, w = self._row(handle), [], self.prior_weight
+        own = self._track(self._row(handle), source).rates
+        engine = self._engine_rates.get(source) or _Rates([0.0] * self.max_k, [0.0] * self.max_k)
+        rates, w = [], self.prior_weight
         engine_rate = self.prior_rate
         for j in range(self.max_k):
             before = engine_rate
-            engine_rate = (self._all_accepted[j] + w * engine_rate) / (self._all_tried[j] + w)
+            engine_rate = (engine.accepted[j] + w * engine_rate) / (engine.tried[j] + w)
             prior = engine_rate if j == 0 else min(rates[-1] * engine_rate / before, max(rates[-1], engine_rate))
-            rates.append((row.accepted[j] + w * prior) / (row.tried[j] + w))
+            rates.append((own.accepted[j] + w * prior) / (own.tried[j] + w))
         return rates
 
     # ---- the choice -------------------------------------------------------------------------
 
     def choose(self, handles: Sequence[Hashable], caps: Sequence[int], unread: Sequence[int] | None = None,
-               remaining: Sequence[int] | None = None) -> list[int]:
-        """Each row's k (0..its cap) for the next step.
+               remaining: Sequence[int] | None = None,
+               sources: Sequence[Sequence[Source] | None] | None = None) -> list[int]:
+        """Each row's k (0..its cap) for the next step; self.sources: each row's source for it.
 
         caps: what each row may draft (its remaining tokens, the context); unread: committed tokens
         each row's proposer has not read yet (a draft model's prefill, Proposer.unread_tokens);
-        remaining: what each row may still emit. The last two only matter before a row first drafts.
+        remaining: what each row may still emit. The last two only matter before a row first drafts
+        with a source that reads a backlog. sources: the sources a composite proposer offers each
+        row, its preferred first (BatchProposer.sources); None: one source.
+
+        Where a row is offered several sources, it takes the one that alone would emit the most
+        tokens a second (its own rates, each source's measured cost); a source not measured yet is
+        tried first, since its first steps measure it. With one row this is the best (source, k).
         """
         self._probing = False
         rows = [self._row(handle) for handle in handles]
-        caps = [0 if row.plain else min(cap, self.max_k) for row, cap in zip(rows, caps)]
+        offered = [tuple(source for source in ((sources[b] if sources is not None else None) or (PROPOSER,))
+                         if source not in row.barred) for b, row in enumerate(rows)]
+        caps = [min(cap, self.max_k) if offer else 0 for offer, cap in zip(offered, caps)]
+        self.sources = [offer[0] if offer else PROPOSER for offer in offered]
         if not any(caps):
             return [0] * len(caps)
-        draft, verify = self._draft_s.predictor(), self._verify_s.predictor()
+        verify = self._verify_s.predictor()
         if verify is None:
             return [0] * len(caps)  # a plain step is measured first: this one
-        if draft is None:  # nothing drafted yet
+        unmeasured = False
+        for b, offer in enumerate(offered):
+            new = [source for source in offer if self._costs(source.name).predictor() is None]
+            if new and caps[b]:
+                self.sources[b], unmeasured = new[0], True
+        if unmeasured:  # nothing drafted from it yet
             return self._capped(self.start_k, rows, caps)
-        rates = [self.rates(handle) for handle in handles]
+        extra = self.extra_tokens
+
+        def proposes(row: _Row, source: Source) -> float:
+            track = self._track(row, source)
+            return (track.proposed + 1) / (track.asked + 1)
+
+        def alone_per_s(b: int, source: Source) -> float:
+            rates, p, draft = self.rates(handles[b], source), proposes(rows[b], source), self._costs(source.name).predictor()
+            return max((1 - p + p * expected_tokens_from_rates(rates[:k])) /
+                       ((1 - p) * verify(1) + p * (draft(k) + verify(k + 1 + extra))) for k in range(1, caps[b] + 1))
+
+        for b, offer in enumerate(offered):
+            if caps[b] and len(offer) > 1:  # ties: the preferred (earlier) source
+                self.sources[b] = max(offer, key=lambda source: alone_per_s(b, source))
+        names = {source.name for source, cap in zip(self.sources, caps) if cap}
+        drafts = [self._costs(name).predictor() for name in names]
+        rates = [self.rates(handle, source) for handle, source in zip(handles, self.sources)]
 
         def step_s(k: int) -> float:
             widest = max(min(k, cap) for cap in caps)
-            tokens = len(rows) * (widest + 1 + (self.extra_tokens if widest else 0))
-            return max((draft(widest) if widest else 0.0) + verify(tokens), 1e-9)
+            tokens = len(rows) * (widest + 1 + (extra if widest else 0))
+            return max((sum(draft(widest) for draft in drafts) if widest else 0.0) + verify(tokens), 1e-9)
 
         def expected(b: int, k: int) -> float:
             return expected_tokens_from_rates(rates[b][:min(k, caps[b])])
 
         # A row asked to draft proposes something with probability p_b: else it commits one token, and
         # where no row proposes the forward is a plain one; where any does, every row pays its width.
-        proposes = [(row.proposed + 1) / (row.asked + 1) if cap else 0.0 for row, cap in zip(rows, caps)]
-        none_proposes = math.prod(1 - p for p in proposes)
+        p_propose = [proposes(row, source) if cap else 0.0 for row, source, cap in zip(rows, self.sources, caps)]
+        none_proposes = math.prod(1 - p for p in p_propose)
 
         def tokens_per_s(k: int) -> float:
             if k == 0:
                 return len(rows) / step_s(0)
-            tokens = sum(1 - p + p * expected(b, k) for b, p in enumerate(proposes))
+            tokens = sum(1 - p + p * expected(b, k) for b, p in enumerate(p_propose))
             return tokens / (none_proposes * step_s(0) + (1 - none_proposes) * step_s(k))
 
-        min_k = 0 if self._drafted_steps >= self.min_draft_samples else 1
-        k = max(range(min_k, self.max_k + 1), key=lambda k: (tokens_per_s(k), -k))  # ties: the smaller k
+        measured = all(self._drafted_steps.get(name, 0) >= self.min_draft_samples for name in names)
+        k = max(range(0 if measured else 1, self.max_k + 1), key=lambda k: (tokens_per_s(k), -k))  # ties: smaller
         if k > 0 and self._catch_up and unread is not None and remaining is not None:
             seconds_per_token = sum(s for _, s in self._catch_up) / sum(n for n, _ in self._catch_up)
-            for b, row in enumerate(rows):
-                if row.drafted or not unread[b] or not caps[b]:
+            for b, (row, source) in enumerate(zip(rows, self.sources)):
+                if not source.reads_backlog or self._track(row, source).drafted or not unread[b] or not caps[b]:
                     continue
                 # Saved: remaining tokens x (a plain step - the drafting step's seconds per token), per row.
                 saved_s = remaining[b] * (step_s(0) - step_s(k) / expected(b, k)) / len(rows)
                 if saved_s < unread[b] * seconds_per_token:
-                    row.plain, caps[b] = True, 0
+                    row.barred.add(source)
+                    caps[b] = 0
             if not any(caps):
                 return [0] * len(caps)
         if k > 0:
@@ -221,11 +284,13 @@ class AdaptiveK:
     # ---- what the engine reports ------------------------------------------------------------
 
     def record(self, handles: Sequence[Hashable], asked: Sequence[int], drafted: Sequence[int],
-               accepted: Sequence[int], *, draft_s: float, tokens: int, verify_s: float, caught_up: int = 0) -> None:
+               accepted: Sequence[int], *, draft_s: float, tokens: int, verify_s: float, caught_up: int = 0,
+               sources: Sequence[Source] | None = None) -> None:
         """One step: each row's k (asked), drafts and accepted drafts, the proposer's time, the forward's tokens
         (every row's root, drafts, padding, lookahead window) and the target's time for the forward and
         verification; caught_up: committed tokens the proposer read this step (a draft model's
-        catch-up; draft_s includes their time).
+        catch-up; draft_s includes their time); sources: the source each row drafted from (the
+        choice's self.sources; None: one source).
 
         Row b's positions 0..accepted-1 were tried and accepted; position `accepted` was tried and
         rejected if accepted < drafted; later ones were never judged.
@@ -237,46 +302,55 @@ class AdaptiveK:
         backlog made drafting look several times dearer than it is whenever a request decoded
         plainly for a while, so one request with a poor draft held the next ones plain
         (benchmarks/RESULTS.md, "-k auto after a plain streak"). Such a step's time beyond the drafting
-        cost goes to the catch-up account; a step in which nothing was drafted is all catch-up.
+        cost goes to the catch-up account; a step in which nothing was drafted is all catch-up. The
+        drafting cost is kept per source name, under the widest row's source.
         """
-        resumed = False  # some row drafts after a step without drafting
+        used = list(sources) if sources is not None else [PROPOSER] * len(handles)
+        resumed = False  # some row drafts from a source it did not draft from in its last step
         asking = 0
-        for handle, row_asked, row_drafted, row_accepted in zip(handles, asked, drafted, accepted):
+        for handle, source, row_asked, row_drafted, row_accepted in zip(handles, used, asked, drafted, accepted):
             row = self._row(handle)
+            track = self._track(row, source)
             if row_asked > 0:
                 asking += 1
-                resumed |= row_drafted > 0 and not row.drafted_last
-                row.asked = row.asked * self.decay + 1
-                row.proposed = row.proposed * self.decay + (row_drafted > 0)
-            row.drafted_last = row_drafted > 0
+                resumed |= row_drafted > 0 and not track.drafted_last
+                track.asked = track.asked * self.decay + 1
+                track.proposed = track.proposed * self.decay + (row_drafted > 0)
+            for other in row.tracks.values():
+                other.drafted_last = False
+            track.drafted_last = row_drafted > 0
             if row_drafted > 0:
-                self._record_acceptance(row, row_drafted, row_accepted)
+                self._record_acceptance(row, source, row_drafted, row_accepted)
         backlog = resumed and caught_up > STEADY_READ * asking
         widest = max(drafted, default=0)
         if widest > 0:
-            self._drafted_steps += 1
+            name = used[list(drafted).index(widest)].name
+            self._drafted_steps[name] = self._drafted_steps.get(name, 0) + 1
+            costs = self._costs(name)
             if not backlog:
-                self._draft_s.add(float(widest), draft_s)
-            elif (steady := self._draft_s.predictor()) is not None:
+                costs.add(float(widest), draft_s)
+            elif (steady := costs.predictor()) is not None:
                 self._catch_up.append((caught_up, max(0.0, draft_s - steady(widest))))
         elif caught_up > 0:
             self._catch_up.append((caught_up, draft_s))
             self._probe_again = self._probing  # a probe that drafted nothing has told nothing yet
         self._verify_s.add(float(tokens), verify_s)
 
-    def _record_acceptance(self, row: _Row, drafted: int, accepted: int) -> None:
+    def _record_acceptance(self, row: _Row, source: Source, drafted: int, accepted: int) -> None:
+        own = self._track(row, source)
+        engine = self._engine_rates.setdefault(source, _Rates([0.0] * self.max_k, [0.0] * self.max_k))
         judged = min(accepted + 1, drafted, self.max_k)
         for j in range(self.max_k):
-            row.tried[j] *= self.decay
-            row.accepted[j] *= self.decay
-            self._all_tried[j] *= self.engine_decay
-            self._all_accepted[j] *= self.engine_decay
+            own.rates.tried[j] *= self.decay
+            own.rates.accepted[j] *= self.decay
+            engine.tried[j] *= self.engine_decay
+            engine.accepted[j] *= self.engine_decay
         for j in range(judged):
             hit = 1.0 if j < accepted else 0.0
-            row.tried[j] += 1
-            row.accepted[j] += hit
-            self._all_tried[j] += 1
-            self._all_accepted[j] += hit
-        row.drafted = True
+            own.rates.tried[j] += 1
+            own.rates.accepted[j] += hit
+            engine.tried[j] += 1
+            engine.accepted[j] += hit
+        own.drafted = True
         if accepted == drafted:
             row.ramp = min(2 * row.ramp, self.max_k)

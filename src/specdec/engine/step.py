@@ -149,13 +149,18 @@ def run_adaptive_step(target, proposer: BatchProposer | None, rows: Sequence[Row
     if controller is None or proposer is None:
         return run_step(target, proposer, rows, caps)
     unread = [proposer.unread_tokens(b, len(row.tokens)) for b, row in enumerate(rows)]
-    max_ks = controller.choose(handles, caps, unread, [row.request.remaining for row in rows])
+    offered = [proposer.sources(b, row.tokens) for b, row in enumerate(rows)]  # a composite's choices
+    offered = None if all(offer is None for offer in offered) else offered
+    max_ks = controller.choose(handles, caps, unread, [row.request.remaining for row in rows], offered)
+    sources = list(controller.sources)
+    if offered is not None:
+        proposer.use_sources(sources)
     result = run_step(target, proposer, rows, max_ks)
     # Context the proposer read this step (a draft model's catch-up, where it drafted nothing).
     caught_up = sum(before - proposer.unread_tokens(b, len(row.tokens))
                     for b, (row, before, max_k) in enumerate(zip(rows, unread, max_ks)) if max_k >= 1)
     controller.record(handles, max_ks, result.drafted, result.accepted, draft_s=result.propose_s,
-                      tokens=result.forward_tokens, verify_s=result.verify_s, caught_up=caught_up)
+                      tokens=result.forward_tokens, verify_s=result.verify_s, caught_up=caught_up, sources=sources)
     return result
 
 

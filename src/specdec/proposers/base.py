@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 import torch
 
 from specdec.sampling.params import SamplingParams
@@ -82,6 +83,20 @@ def committed_since(seen: Sequence[int], token_ids: torch.Tensor) -> list[int] |
     if count > context_len or (count and int(token_ids[0, count - 1]) != seen[-1]):
         return None
     return token_ids[0, count:].tolist()
+
+
+class Source(NamedTuple):
+    """Where a row's drafts would come from this step, for -k auto's controller (engine/adaptive.py),
+    which keeps acceptance rates per (name, detail) and costs per name. A composite proposer offers a
+    row several (ngram+draft: the n-gram lookup's match of length n, and the draft model) and the
+    controller picks one; a single proposer is one source, PROPOSER."""
+
+    name: str
+    detail: int = 0  # a finer class with its own rates (an n-gram match's length)
+    reads_backlog: bool = False  # it reads the committed tokens it missed first (a draft model: unread_tokens)
+
+
+PROPOSER = Source("proposer", reads_backlog=True)  # a proposer with one source
 
 
 @dataclass(frozen=True)

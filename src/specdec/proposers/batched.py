@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, Source
 
 
 class BatchProposer:
@@ -43,6 +43,14 @@ class BatchProposer:
     def unread_tokens(self, row: int, context_len: int) -> int:
         """Committed tokens of row's request it has not read yet (Proposer.unread_tokens)."""
         return 0
+
+    def sources(self, row: int, token_ids: Sequence[int]) -> tuple[Source, ...] | None:
+        """A composite proposer (ngram+draft): the sources that could draft row's next step, given
+        its committed tokens, its preferred first, for -k auto to choose from. None: one source."""
+        return None
+
+    def use_sources(self, sources: Sequence[Source]) -> None:
+        """-k auto chose each row's source for the next propose() (one of what sources() offered)."""
 
     def read_lookahead(self, row: int, logits: torch.Tensor) -> None:
         """The target's logits [m, V] at the lookahead tokens row's last proposal carried."""

@@ -7,6 +7,12 @@ for both. The rows that copied take k = 0 in the draft model's call, so their ge
 untouched, and the draft model only learns of copied steps at its next catch-up (draft_model.py
 feeds the committed tokens a row has missed): each row proposes exactly what it would alone, and
 nothing here has to keep the two in sync.
+
+Under -k auto the lookup is asked first which match it holds (sources()), and the controller
+(engine/adaptive.py) picks each row's source with rates of its own per source: the draft model, or an
+n-gram match of length n (a 3-token suffix found again copies far better than one repeated token).
+Ask the lookup first and take any match, as a fixed k does, and one-token matches, found almost
+everywhere in a long context, keep the draft model from drafting on the text it would guess well.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, Source
 from specdec.proposers.batched import BatchProposer, as_batch, pad_proposals
 from specdec.proposers.draft_model import DraftModelProposer
+
+DRAFT = Source("draft", reads_backlog=True)
 
 
 class NgramThenDraftProposer(BatchProposer):
@@ -34,6 +42,7 @@ class NgramThenDraftProposer(BatchProposer):
         self.ngram = as_batch(ngram)
         self.draft, self.draft_max_k = draft, draft_max_k
         self._copied: list[bool] = []  # rows whose step the n-gram lookup proposed
+        self._assigned: list[bool] | None = None  # -k auto's choice for the next step: rows the lookup drafts
         self._drafted = False  # whether the draft model proposed this step (its on_verified is due)
         self.steps_by_ngram = self.steps_by_draft = 0  # row-steps each proposed
         self.steps_mixed = 0  # steps where some rows copied and others drafted with the model
@@ -42,9 +51,27 @@ class NgramThenDraftProposer(BatchProposer):
         self.ngram.start_row(row)
         self.draft.start_row(row)
 
+    def sources(self, row: int, token_ids: Sequence[int]) -> tuple[Source, ...] | None:
+        lookup = getattr(self.ngram, "rows", [None])[row]
+        if not hasattr(lookup, "match_length"):
+            return None
+        n = lookup.match_length(token_ids)
+        return (Source("ngram", n), DRAFT) if n else (DRAFT,)
+
+    def use_sources(self, sources: Sequence[Source]) -> None:
+        self._assigned = [source.name == "ngram" for source in sources]
+
+    def unread_tokens(self, row: int, context_len: int) -> int:
+        return self.draft.unread_tokens(row, context_len)
+
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
-        copied = self.ngram.propose(contexts, max_ks)
-        self._copied = [bool(n > 0) for n in copied.num_tokens.tolist()]
+        assigned, self._assigned = self._assigned, None
+        if assigned is not None:  # -k auto chose each row's source: the lookup asks only its own rows
+            copied = self.ngram.propose(contexts, [max_k if by_ngram else 0 for max_k, by_ngram in zip(max_ks, assigned)])
+            self._copied = [by_ngram and max_k > 0 for max_k, by_ngram in zip(max_ks, assigned)]
+        else:
+            copied = self.ngram.propose(contexts, max_ks)
+            self._copied = [bool(n > 0) for n in copied.num_tokens.tolist()]
         draft_ks = [0 if by_ngram else min(max_k, self.draft_max_k or max_k)
                     for by_ngram, max_k in zip(self._copied, max_ks)]
         self.steps_by_ngram += sum(self._copied)

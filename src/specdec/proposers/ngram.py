@@ -152,17 +152,28 @@ class NgramIndex:
     def lookup(self, max_k: int, tie_break: str = "recent",
                generator: torch.Generator | None = None) -> NgramMatch | None:
         """The same answer as find_match(self.tokens, ...) with this index's n range."""
-        if max_k < 1:
+        found = self._longest() if max_k >= 1 else None
+        if found is None:
             return None
+        n, positions = found
+        tokens, context_len = self.tokens, len(self.tokens)
+        # The last entry is the suffix's own (== context_len): search the ones before it.
+        start = _pick(positions, len(positions) - 1, context_len, max_k, tie_break, generator)
+        return NgramMatch(n, start, tokens[start : start + max_k])
+
+    def match_length(self) -> int:
+        """n of the match lookup() would find now (0: none), without drawing any random number."""
+        found = self._longest()
+        return 0 if found is None else found[0]
+
+    def _longest(self) -> tuple[int, list[int]] | None:
+        """The longest n whose suffix occurred earlier, with the positions following its occurrences."""
         tokens = self.tokens
         context_len = len(tokens)
         for n in range(min(self.ngram_max, context_len - 1), self.ngram_min - 1, -1):
             positions = self._follows[n].get(tuple(tokens[context_len - n:]))
-            if positions is None or len(positions) < 2:  # only the suffix itself
-                continue
-            # The last entry is the suffix's own (== context_len): search the ones before it.
-            start = _pick(positions, len(positions) - 1, context_len, max_k, tie_break, generator)
-            return NgramMatch(n, start, tokens[start : start + max_k])
+            if positions is not None and len(positions) >= 2:  # not only the suffix itself
+                return n, positions
         return None
 
 
@@ -206,6 +217,15 @@ class NgramProposer(Proposer):
             num_tokens=torch.tensor([len(token_ids)], dtype=torch.int64, device=device),  # [1]
             probs=None,  # point mass
         )
+
+    def match_length(self, token_ids: Sequence[int]) -> int:
+        """n of the match the next propose() would copy from, given the committed tokens (0: none):
+        ngram+draft's choice of source under -k auto (hybrid.py)."""
+        seen = self.index.tokens
+        if len(seen) > len(token_ids) or (seen and token_ids[len(seen) - 1] != seen[-1]):  # another request
+            self.reset()
+        self.index.extend(token_ids[len(self.index.tokens):])
+        return self.index.match_length()
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
         pass  # the index holds committed tokens only; accepted ones arrive with the next context

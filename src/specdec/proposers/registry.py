@@ -157,7 +157,8 @@ def build_proposer(
     draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None)
     if method == "draft":
         return draft
-    return NgramThenDraftProposer(per_row(ngram), draft, draft_k)
+    # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates (hybrid.py).
+    return NgramThenDraftProposer(per_row(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break)), draft, draft_k)
 
 
 def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int) -> Proposer:
