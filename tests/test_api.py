@@ -72,7 +72,8 @@ def test_resolved_picks_the_devices_method_and_a_named_draft_wins():
     assert SpecConfig().resolved("cpu").method == "ngram"
     assert SpecConfig().resolved("cuda").method == "ngram"
     named = SpecConfig(draft="./my-draft").resolved("cpu")
-    assert (named.method, named.draft) == ("draft", "./my-draft")
+    assert (named.method, named.draft) == ("ngram+draft", "./my-draft")  # -k auto picks each step's source
+    assert SpecConfig(draft="./my-draft", k=4).resolved("cpu").method == "draft"  # a fixed k: the draft alone
     assert SpecConfig(method="draft").resolved("cpu").draft == "qwen2.5-coder-0.5b"  # the default draft
     assert SpecConfig(method="suffix", k=8).with_method("ngram").k == 8
 

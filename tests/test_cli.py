@@ -68,7 +68,10 @@ def test_default_method_on_a_cpu_is_ngram_with_adaptive_k(capsys, model_dirs):
     code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], *common)
     assert code == 0, err
     spec = json.loads(out)
-    assert spec["method"] == "draft" and "loading draft" in err and spec["token_ids"] == plain["token_ids"]
+    assert spec["method"] == "ngram+draft" and "loading draft" in err and spec["token_ids"] == plain["token_ids"]
+    code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], "-k", "3", *common)
+    assert code == 0, err
+    assert json.loads(out)["method"] == "draft"  # a fixed k: the draft model alone
 
 
 def test_resolve_method_follows_the_device():

@@ -172,7 +172,9 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
     parser.add_argument("--method", default=AUTO_METHOD, choices=[AUTO_METHOD, *METHODS], metavar="METHOD",
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) +
                              "; auto (default): the fastest lossless method measured on the device, ngram on a CPU "
-                             "and on CUDA (no draft model; benchmarks/RESULTS.md)")
+                             "and on CUDA (no draft model; benchmarks/RESULTS.md); with --draft, ngram+draft "
+                             "(-k auto: each step drafts from the lookup's match or the draft model, whichever pays) "
+                             "or draft (a fixed k)")
     if not adaptive:  # the batched engine (serve): goodput per step, or a fixed k
         parser.add_argument("-k", type=k_value, default="auto", metavar="K|auto",
                             help="auto (default): each step the k (0 included) that maximises the batch's expected "

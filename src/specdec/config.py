@@ -65,7 +65,8 @@ class SpecConfig:
     """How to build one engine: the models, the method and its knobs.
 
     method "auto" and draft None are settled by `resolved()` for the device the engine runs
-    on (ngram on a CPU and on CUDA; a named draft means drafting with it).
+    on (ngram on a CPU and on CUDA; a named draft means ngram+draft with it under k "auto", whose
+    controller picks each step's source, and the draft alone with a fixed k).
     k: tokens drafted per step (>= 1) or "auto" (each step's k from measured costs and the
     request's acceptance, at most max_k).
     """
@@ -117,8 +118,8 @@ class SpecConfig:
         device_type: "cpu", "cuda", ...; None resolves --device (auto = cuda if available)."""
         method, draft = self.method, self.draft
         if method == AUTO_METHOD:
-            if draft is not None:
-                method = "draft"
+            if draft is not None:  # ngram+draft >= draft in every bench category (benchmarks/RESULTS.md,
+                method = "ngram+draft" if self.k == "auto" else "draft"  # "ngram+draft: each row's source")
             else:
                 if device_type is None:
                     from specdec.models.loader import resolve_device

@@ -15,7 +15,7 @@ from specdec.planning.theory import best_k
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
 from specdec.proposers.base import PROPOSER, ProposeContext, Proposer, Source
-from specdec.proposers.hybrid import DRAFT
+from specdec.proposers.hybrid import DRAFT, DRAFT_CONTEXT_WINDOW
 from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
@@ -258,6 +258,47 @@ def test_a_row_offered_two_sources_drafts_from_the_one_that_pays(lookup, lookup_
     assert draft_s(2) > 10 * lookup_s(2)  # costs kept per source
 
 
+def _both_sources_measured(lookup: Source, lookup_accepted: int, steps: int) -> AdaptiveK:
+    """Request "a" after a catch-up of 64 tokens in 0.32 s (5 ms a token) and `steps` steps of 4 drafts,
+    alternately from the draft model (all accepted, 10 ms a token) and from `lookup` (lookup_accepted
+    of them accepted, 0.1 ms a token); a plain forward 0.1 s, one of 5 tokens 0.105 s."""
+    controller = _started(AdaptiveK(max_k=8, ramp_start=8))
+    controller.record(["a"], [0], [0], [0], draft_s=0.32, tokens=1, verify_s=0.1, caught_up=64)
+    for step in range(steps):
+        source = (DRAFT, lookup)[step % 2]
+        accepted, per_token_s = (4, 0.01) if source == DRAFT else (lookup_accepted, 0.0001)
+        controller.record(["a"], [4], [4], [accepted], draft_s=per_token_s * 4, tokens=5, verify_s=0.105,
+                          sources=[source])
+    return controller
+
+
+def test_a_draft_models_prompt_is_read_only_where_it_beats_the_rows_other_source():
+    """Request "a" measured the draft model (every draft accepted, 10 ms a token, its catch-up 5 ms a
+    token) and one-token matches of the lookup (the first copied token accepted, the next rejected;
+    free). Request "b" is offered both with 256 prompt tokens the draft has not read (1.28 s). Against
+    plain decoding the draft would repay that over 24 tokens; against the lookup it saves ~35 ms a
+    token, which only a longer answer repays: a short one copies instead (not a plain step), a long one
+    reads the prompt and drafts."""
+    lookup = Source("ngram", 1)
+    controller = _both_sources_measured(lookup, lookup_accepted=1, steps=40)
+    controller.forget("a")
+    for remaining, expected in ((24, lookup), (1000, DRAFT)):
+        controller.start_row("b")
+        k = controller.choose(["b"], [8], [256], [remaining], [(lookup, DRAFT)])[0]
+        assert k > 0 and controller.sources[0] == expected, (remaining, k, controller.sources)
+
+
+def test_going_back_to_the_draft_model_counts_what_it_must_read_first():
+    """A row that drafted from both sources: the draft model (every draft accepted, 10 ms a token) is
+    faster than a 2-token match (two of four copied tokens accepted, free) when it is in step, but
+    after 40 tokens the lookup committed it must read them first (5 ms a token): then the copy wins."""
+    lookup = Source("ngram", 2)
+    controller = _both_sources_measured(lookup, lookup_accepted=2, steps=20)
+    for unread, expected in ((2, DRAFT), (40, lookup), (2, DRAFT)):
+        assert controller.choose(["a"], [8], [unread], [100], [(lookup, DRAFT)])[0] > 0
+        assert controller.sources[0] == expected, (unread, controller.sources)
+
+
 def test_ngram_then_draft_offers_the_lookups_match_and_the_draft_model(draft_runner):
     """sources() says which match the lookup holds; use_sources() routes a row to the draft model
     even where the lookup matched."""
@@ -407,6 +448,9 @@ def test_the_registry_builds_adaptive_proposers(draft_runner):
     fixed = build_proposer("draft", draft_runner=draft_runner, draft_confidence=0.4, adaptive=False)
     assert fixed.confidence_threshold is None  # a fixed k drafts exactly k
     assert build_proposer("ngram", adaptive=True).follow_match
+    hybrid = build_proposer("ngram+draft", draft_runner=draft_runner, adaptive=True)
+    assert not hybrid.ngram.rows[0].follow_match  # the controller sizes each match length by its own rates
+    assert hybrid.draft.context_window == DRAFT_CONTEXT_WINDOW < draft.context_window  # a shorter prompt read
     with pytest.raises(ValueError, match="confidence"):
         build_proposer("draft", draft_runner=draft_runner, draft_confidence=1.5, adaptive=True)
 

@@ -194,6 +194,7 @@ class AdaptiveK:
         tried first, since its first steps measure it. With one row this is the best (source, k).
         """
         self._probing = False
+        asked = (caps, unread, remaining, sources)
         rows = [self._row(handle) for handle in handles]
         offered = [tuple(source for source in ((sources[b] if sources is not None else None) or (PROPOSER,))
                          if source not in row.barred) for b, row in enumerate(rows)]
@@ -204,11 +205,17 @@ class AdaptiveK:
         verify = self._verify_s.predictor()
         if verify is None:
             return [0] * len(caps)  # a plain step is measured first: this one
+        # A source never measured is tried first (its first steps measure it), unless it would first read
+        # a backlog (a draft model's prompt: ~0.3 s on the AMX Xeon) while a measured source is on offer:
+        # that one drafts, and the new one waits for a step the others cannot draft.
         unmeasured = False
         for b, offer in enumerate(offered):
-            new = [source for source in offer if self._costs(source.name).predictor() is None]
+            known = tuple(source for source in offer if self._costs(source.name).predictor() is not None)
+            new = [source for source in offer if source not in known and not (
+                known and source.reads_backlog and unread is not None and unread[b] > STEADY_READ)]
             if new and caps[b]:
                 self.sources[b], unmeasured = new[0], True
+            offered[b] = known or offer
         if unmeasured:  # nothing drafted from it yet
             return self._capped(self.start_k, rows, caps)
         extra = self.extra_tokens
@@ -217,10 +224,21 @@ class AdaptiveK:
             track = self._track(row, source)
             return (track.proposed + 1) / (track.asked + 1)
 
+        catch_up_s = sum(s for _, s in self._catch_up) / sum(n for n, _ in self._catch_up) if self._catch_up else 0.0
+
+        def switch_s(b: int, source: Source) -> float:
+            """Going back to a source that reads a backlog (a draft model, after steps the lookup drafted)
+            first reads what the other source committed: counted in the step that switches, so a row
+            does not flip between two sources of about the same speed, paying a catch-up each time."""
+            if len(offered[b]) < 2 or not source.reads_backlog or unread is None or not self._track(rows[b], source).drafted:
+                return 0.0
+            return max(0, unread[b] - STEADY_READ) * catch_up_s
+
         def alone_per_s(b: int, source: Source) -> float:
             rates, p, draft = self.rates(handles[b], source), proposes(rows[b], source), self._costs(source.name).predictor()
+            switch = switch_s(b, source)
             return max((1 - p + p * expected_tokens_from_rates(rates[:k])) /
-                       ((1 - p) * verify(1) + p * (draft(k) + verify(k + 1 + extra))) for k in range(1, caps[b] + 1))
+                       ((1 - p) * verify(1) + p * (draft(k) + switch + verify(k + 1 + extra))) for k in range(1, caps[b] + 1))
 
         for b, offer in enumerate(offered):
             if caps[b] and len(offer) > 1:  # ties: the preferred (earlier) source
@@ -228,11 +246,12 @@ class AdaptiveK:
         names = {source.name for source, cap in zip(self.sources, caps) if cap}
         drafts = [self._costs(name).predictor() for name in names]
         rates = [self.rates(handle, source) for handle, source in zip(handles, self.sources)]
+        switch = max((switch_s(b, source) for b, source in enumerate(self.sources) if caps[b]), default=0.0)
 
         def step_s(k: int) -> float:
             widest = max(min(k, cap) for cap in caps)
             tokens = len(rows) * (widest + 1 + (extra if widest else 0))
-            return max((sum(draft(widest) for draft in drafts) if widest else 0.0) + verify(tokens), 1e-9)
+            return max((sum(draft(widest) for draft in drafts) + switch if widest else 0.0) + verify(tokens), 1e-9)
 
         def expected(b: int, k: int) -> float:
             return expected_tokens_from_rates(rates[b][:min(k, caps[b])])
@@ -251,17 +270,19 @@ class AdaptiveK:
         measured = all(self._drafted_steps.get(name, 0) >= self.min_draft_samples for name in names)
         k = max(range(0 if measured else 1, self.max_k + 1), key=lambda k: (tokens_per_s(k), -k))  # ties: smaller
         if k > 0 and self._catch_up and unread is not None and remaining is not None:
-            seconds_per_token = sum(s for _, s in self._catch_up) / sum(n for n, _ in self._catch_up)
+            barred = False
             for b, (row, source) in enumerate(zip(rows, self.sources)):
                 if not source.reads_backlog or self._track(row, source).drafted or not unread[b] or not caps[b]:
                     continue
-                # Saved: remaining tokens x (a plain step - the drafting step's seconds per token), per row.
-                saved_s = remaining[b] * (step_s(0) - step_s(k) / expected(b, k)) / len(rows)
-                if saved_s < unread[b] * seconds_per_token:
+                # Saved: remaining tokens x (seconds per token without this source: a plain step, or the
+                # row's other sources - the drafting step's seconds per token), per row.
+                without_s = min([step_s(0)] + [1 / alone_per_s(b, other) for other in offered[b] if other != source])
+                saved_s = remaining[b] * (without_s - step_s(k) / expected(b, k)) / len(rows)
+                if saved_s < unread[b] * catch_up_s:
                     row.barred.add(source)
-                    caps[b] = 0
-            if not any(caps):
-                return [0] * len(caps)
+                    barred = True
+            if barred:  # choose again without it: the row's other sources, or a plain step
+                return self.choose(handles, *asked)
         if k > 0:
             self._plain_in_a_row, self._explore_gap, self._probe_again = 0, self.explore_every, False
             return self._capped(k, rows, caps)
