@@ -46,6 +46,10 @@ class _Rates:
     tried: list[float]
     accepted: list[float]
 
+    @classmethod
+    def zeros(cls, positions: int) -> _Rates:
+        return cls([0.0] * positions, [0.0] * positions)
+
 
 @dataclass
 class _Track:
@@ -144,7 +148,7 @@ class AdaptiveK:
 
     def _track(self, row: _Row, source: Source) -> _Track:
         if source not in row.tracks:
-            row.tracks[source] = _Track(_Rates([0.0] * self.max_k, [0.0] * self.max_k))
+            row.tracks[source] = _Track(_Rates.zeros(self.max_k))
         return row.tracks[source]
 
     def _costs(self, name: str) -> RecentTimes:
@@ -166,7 +170,7 @@ class AdaptiveK:
         position with no trials takes its prior whole; no prior exceeds the larger of its two sources.
         """
         own = self._track(self._row(handle), source).rates
-        engine = self._engine_rates.get(source) or _Rates([0.0] * self.max_k, [0.0] * self.max_k)
+        engine = self._engine_rates.get(source) or _Rates.zeros(self.max_k)
         rates, w = [], self.prior_weight
         engine_rate = self.prior_rate
         for j in range(self.max_k):
@@ -205,12 +209,14 @@ class AdaptiveK:
         verify = self._verify_s.predictor()
         if verify is None:
             return [0] * len(caps)  # a plain step is measured first: this one
+        # Each proposer's cost, once per choice (a median over its recent steps; None: never measured).
+        draft_s = {source.name: self._costs(source.name).predictor() for offer in offered for source in offer}
         # A source never measured is tried first (its first steps measure it), unless it would first read
         # a backlog (a draft model's prompt: ~0.3 s on the AMX Xeon) while a measured source is on offer:
         # that one drafts, and the new one waits for a step the others cannot draft.
         unmeasured = False
         for b, offer in enumerate(offered):
-            known = tuple(source for source in offer if self._costs(source.name).predictor() is not None)
+            known = tuple(source for source in offer if draft_s[source.name] is not None)
             new = [source for source in offer if source not in known and not (
                 known and source.reads_backlog and unread is not None and unread[b] > STEADY_READ)]
             if new and caps[b]:
@@ -235,7 +241,7 @@ class AdaptiveK:
             return max(0, unread[b] - STEADY_READ) * catch_up_s
 
         def alone_per_s(b: int, source: Source) -> float:
-            rates, p, draft = self.rates(handles[b], source), proposes(rows[b], source), self._costs(source.name).predictor()
+            rates, p, draft = self.rates(handles[b], source), proposes(rows[b], source), draft_s[source.name]
             switch = switch_s(b, source)
             return max((1 - p + p * expected_tokens_from_rates(rates[:k])) /
                        ((1 - p) * verify(1) + p * (draft(k) + switch + verify(k + 1 + extra))) for k in range(1, caps[b] + 1))
@@ -244,7 +250,7 @@ class AdaptiveK:
             if caps[b] and len(offer) > 1:  # ties: the preferred (earlier) source
                 self.sources[b] = max(offer, key=lambda source: alone_per_s(b, source))
         names = {source.name for source, cap in zip(self.sources, caps) if cap}
-        drafts = [self._costs(name).predictor() for name in names]
+        drafts = [draft_s[name] for name in names]
         rates = [self.rates(handle, source) for handle, source in zip(handles, self.sources)]
         switch = max((switch_s(b, source) for b, source in enumerate(self.sources) if caps[b]), default=0.0)
 
@@ -359,7 +365,7 @@ class AdaptiveK:
 
     def _record_acceptance(self, row: _Row, source: Source, drafted: int, accepted: int) -> None:
         own = self._track(row, source)
-        engine = self._engine_rates.setdefault(source, _Rates([0.0] * self.max_k, [0.0] * self.max_k))
+        engine = self._engine_rates.setdefault(source, _Rates.zeros(self.max_k))
         judged = min(accepted + 1, drafted, self.max_k)
         for j in range(self.max_k):
             own.rates.tried[j] *= self.decay
