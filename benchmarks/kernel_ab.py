@@ -34,6 +34,9 @@ from specdec.models.loader import load_model
 from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
 
 
+KERNELS = Path(__file__).resolve().parents[1] / "src/specdec/models/native/kernels"
+
+
 def build_other(source: Path, library: str = "specdec_w4a8", extra: str = "") -> object:
     """Compile `source` with its ops moved from namespace `library` to `library`_other; returns
     torch.ops.<library>_other (benchmarks/attention_ab.py builds kernels/attention.cpp this way).
@@ -49,8 +52,12 @@ def build_other(source: Path, library: str = "specdec_w4a8", extra: str = "") ->
     text = re.sub(rf"TORCH_LIBRARY(_IMPL)?\({library},", rf"TORCH_LIBRARY\1({other},", source.read_text())
     build = Path(tempfile.mkdtemp(prefix="specdec-kernel-ab-"))
     (build / f"{other}.cpp").write_text(text + extra.replace("NAMESPACE", other))
+    # The kernels include their shared headers (bf16_lanes.h, cpu_paths.h, ...): the source's own
+    # folder first, then the tree's, so a version saved to /tmp still finds them.
+    headers = [str(source.resolve().parent), str(KERNELS)]
     cpp_extension.load(name=other, sources=[str(build / f"{other}.cpp")], is_python_module=False,
-                       extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], build_directory=str(build))
+                       extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
+                       extra_include_paths=headers, build_directory=str(build))
     return getattr(torch.ops, other)
 
 

@@ -407,7 +407,9 @@ def test_completion_logprobs_are_the_targets_at_the_emitted_positions(client, te
                                       seed=3, logprobs=3, extra_body={"return_token_ids": True})
     choice = reply.choices[0]
     ids, logprobs = choice.model_extra["token_ids"], choice.logprobs
-    assert len(logprobs.tokens) == len(ids) == 12 and "".join(logprobs.tokens) == choice.text
+    # 12 tokens, or fewer where the sampled text reached the end of sequence (the seed decides)
+    assert len(logprobs.tokens) == len(ids) and "".join(logprobs.tokens) == choice.text
+    assert len(ids) == 12 or (choice.finish_reason == "stop" and len(ids) >= 2)
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset[1] == len(logprobs.tokens[0])
     expected = _target_logprobs(chat_tokenizer()("hello world")["input_ids"], ids, temperature)
     for j, token in enumerate(ids):
@@ -442,10 +444,13 @@ def test_n_samples_share_one_prefill_and_each_is_the_seeded_request_alone(client
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=1.0,
                                            seed=11, n=3)
     texts = [choice.message.content for choice in sorted(reply.choices, key=lambda c: c.index)]
-    alone = [client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=1.0,
-                                            seed=11 + i).choices[0].message.content for i in range(3)]
+    singles = [client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=8, temperature=1.0,
+                                              seed=11 + i) for i in range(3)]
+    alone = [single.choices[0].message.content for single in singles]
     assert texts == alone and len(set(texts)) > 1
-    assert reply.usage.completion_tokens == 24 and reply.usage.prompt_tokens == len(
+    # Up to 8 tokens each (a sampled end of sequence stops a choice sooner), every choice's counted.
+    assert reply.usage.completion_tokens == sum(single.usage.completion_tokens for single in singles) > 3
+    assert reply.usage.prompt_tokens == len(
         chat_template_ids(chat_tokenizer(), messages))
     streamed = {0: "", 1: "", 2: ""}
     finished = set()

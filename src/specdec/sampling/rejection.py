@@ -17,12 +17,11 @@ expected acceptance rate, lenient_acceptance_rate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-Generators = torch.Generator | Sequence[torch.Generator] | None
+from specdec.sampling.categorical import Generators, sample_rows
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,6 @@ def _uniform(shape: tuple[int, int], generators: Generators, device: torch.devic
     if generators is None or isinstance(generators, torch.Generator):
         return torch.rand(shape, generator=generators, device=device)
     return torch.stack([torch.rand(shape[1], generator=g, device=device) for g in generators])
-
-
-def _sample_rows(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
-    """One draw from each row of probs [B, V] -> [B]."""
-    if generators is None or isinstance(generators, torch.Generator):
-        return torch.multinomial(probs, 1, generator=generators).squeeze(-1)
-    return torch.cat([torch.multinomial(row[None], 1, generator=g)[0] for row, g in zip(probs, generators)])
 
 
 def _leading_true(mask: torch.Tensor) -> torch.Tensor:
@@ -141,7 +133,7 @@ def rejection_sample(
 
     # 2. One recovered (or bonus) token closes the step.
     final_probs = recovery_probs(num_accepted, num_draft, draft_token_ids, draft_probs, target_probs)
-    final_token = _sample_rows(final_probs, generator)  # [B]
+    final_token = sample_rows(final_probs, generator)  # [B]
 
     # 3. Assemble [accepted drafts..., final token, -1...].
     out_positions = torch.arange(k + 1, device=device)[None, :]

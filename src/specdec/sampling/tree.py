@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.sampling.categorical import sample_rows
+
 
 def check_parents(parents: Sequence[int]) -> None:
     for index, parent in enumerate(parents):
@@ -173,7 +175,7 @@ def sample_verify_tree(
             if mass > 0:
                 residual = leftover / mass
         if not moved:
-            final = int(torch.multinomial(residual, 1, generator=generator))
+            final = int(sample_rows(residual[None], generator)[0])
             return TreeVerifyResult(path, [token_ids[i] for i in path] + [final])
 
 
@@ -204,7 +206,7 @@ def typical_verify_tree(
         row = probs[node + 1]
         match = next((c for c in children[node + 1] if float(row[token_ids[c]]) > cutoff[node + 1]), None)
         if match is None:
-            final = int(torch.multinomial(row, 1, generator=generator))
+            final = int(sample_rows(row[None], generator)[0])
             return TreeVerifyResult(path, [token_ids[i] for i in path] + [final])
         path.append(match)
         node = match

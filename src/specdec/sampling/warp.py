@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.sampling.categorical import sample_rows
 from specdec.sampling.params import SamplingParams
 
 
@@ -57,5 +58,4 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row. probs: [..., V] -> int64 [...]."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    return sample_rows(probs.reshape(-1, probs.shape[-1]), generator).reshape(probs.shape[:-1])

@@ -73,10 +73,17 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id])
 
 
+def _emitted_text(tokenizer, token_id: int) -> str:
+    """An emitted token as the choice's text spells it: special tokens (the end of sequence that
+    stopped it) as "", so the tokens join into the text and text_offset points into it. The
+    alternatives keep their own spelling (_token_text): "<eos>" there says that stopping was likely."""
+    return tokenizer.decode([token_id], skip_special_tokens=True)
+
+
 def completion_logprobs(items: list, tokenizer) -> dict:
     """The legacy completions shape: tokens, token_logprobs, top_logprobs (a dict per token) and
     text_offset (each token's start in the choice's text)."""
-    tokens = [_token_text(tokenizer, item.token_id) for item in items]
+    tokens = [_emitted_text(tokenizer, item.token_id) for item in items]
     offsets, at = [], 0
     for text in tokens:
         offsets.append(at)
@@ -88,11 +95,11 @@ def completion_logprobs(items: list, tokenizer) -> dict:
 
 def chat_logprobs(items: list, tokenizer) -> dict:
     """The chat shape: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
-    def entry(token_id: int, logprob: float) -> dict:
-        text = _token_text(tokenizer, token_id)
+    def entry(token_id: int, logprob: float, spell=_token_text) -> dict:
+        text = spell(tokenizer, token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    return {"content": [{**entry(item.token_id, item.logprob),
+    return {"content": [{**entry(item.token_id, item.logprob, _emitted_text),
                          "top_logprobs": [entry(t, lp) for t, lp in item.top]} for item in items]}
 
 
