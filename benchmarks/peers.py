@@ -13,6 +13,7 @@ with SIGSEGV on a Sapphire Rapids Xeon).
 
   python benchmarks/peers.py                                  # greedy, every category, 1 prompt each
   python benchmarks/peers.py --per-category 2 --temperature 0.7
+  python benchmarks/peers.py --temperature 0.7 --top-p 0.9 --out benchmarks/results/peers-top-p
   python benchmarks/peers.py --summary-only --out benchmarks/results/peers
 
 A specdec configuration is LABEL=METHOD[:k=K][,quantize=Q] (LABEL without "="; METHOD from
@@ -69,7 +70,9 @@ def llama_command(mode: str, bin_dir: Path, prompt_file: Path, args, no_repack: 
     tool = {"plain": "llama-completion", "speculative": "llama-speculative", "lookup": "llama-lookup"}[mode]
     command = [str(bin_dir / tool), "-m", str(target), "-f", str(prompt_file), "-n", str(args.max_new_tokens),
                "-t", str(args.threads), "-c", "4096", "--temp", str(args.temperature), "--seed", "1",
-               "--poll", "0"]  # polling threads starve each other on a 2-core machine (speculative: 0.8 tok/s)
+               "--poll", "0",  # polling threads starve each other on a 2-core machine (speculative: 0.8 tok/s)
+               # The distribution specdec samples: llama.cpp's own top-k 40, top-p 0.95 and min-p 0.05 off.
+               "--top-k", "0", "--top-p", str(args.top_p), "--min-p", "0"]
     if mode == "plain":
         command += ["-no-cnv", "--no-display-prompt"]
     if mode == "speculative":
@@ -105,7 +108,7 @@ def run_llama(mode: str, bin_dir: Path, prompt_text: str, args) -> dict:
 
 
 def run_specdec(engine: SpecEngine, prompt_ids: list[int], args) -> dict:
-    params = SamplingParams(temperature=args.temperature, seed=1)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=1)
     out = engine.generate(prompt_ids, params, max_new_tokens=args.max_new_tokens)
     stats = out.stats
     return dict(prompt_tokens=stats.prompt_tokens, tokens=stats.generated_tokens,
@@ -189,6 +192,10 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling in both engines, with --temperature > 0 (default 1.0: off); "
+                             "llama.cpp's own top-k/top-p/min-p defaults are off either way, so both engines "
+                             "sample the same distribution")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--specdec", nargs="+", default=DEFAULT_SPECDEC, metavar="LABEL=METHOD...")
     parser.add_argument("--llama", nargs="*", default=list(LLAMA_MODES), choices=LLAMA_MODES)
@@ -200,7 +207,8 @@ def main() -> None:
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
-    rows_path = out / f"rows-T{args.temperature:g}.jsonl"
+    run_name = f"T{args.temperature:g}" + (f"-p{args.top_p:g}" if args.top_p < 1 else "")
+    rows_path = out / f"rows-{run_name}.jsonl"
     if args.summary_only:
         print(summarise([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]))
         return
@@ -230,14 +238,14 @@ def main() -> None:
                 _, method, _, quantize = parse_config(next(c for c in args.specdec if c.startswith(config + "=")))
                 row.update(method=method, quantize=quantize)
             row.update(config=config, prompt=prompt.question_id, category=prompt.category,
-                       temperature=args.temperature, cpu=cpu_model(), isa=effective_isa())
+                       temperature=args.temperature, top_p=args.top_p, cpu=cpu_model(), isa=effective_isa())
             with open(rows_path, "a") as sink:
                 sink.write(json.dumps(row) + "\n")
             shown = f"{row['decode_tok_s']:.2f} tok/s" if "decode_tok_s" in row else f"FAILED {row['errors']}"
             print(f"[{index + 1}/{len(prompts)}] {prompt.question_id:<28} {config:<34} {shown}", flush=True)
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
     summary = summarise(rows)
-    (out / f"summary-T{args.temperature:g}.txt").write_text(summary + "\n")
+    (out / f"summary-{run_name}.txt").write_text(summary + "\n")
     print(summary)
 
 
