@@ -77,7 +77,7 @@ def test_frequencies_follow_the_distribution():
     support = torch.tensor([0, 17, BLOCK - 1, BLOCK, BLOCK + 500, 2 * BLOCK + 299])
     probs[support] = torch.tensor([0.05, 0.3, 0.1, 0.25, 0.2, 0.1])
     draws = 60_000
-    u = uniforms(draws, generator, torch.device("cpu"))
+    u = uniforms((draws,), generator, torch.device("cpu"), torch.float64)
     tokens = draw(probs.expand(draws, vocab), u)
     counts = torch.bincount(tokens, minlength=vocab)
     assert int(counts.sum() - counts[support].sum()) == 0

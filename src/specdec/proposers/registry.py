@@ -7,7 +7,7 @@ from collections.abc import Callable
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer, RowwiseProposer
-from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.draft_model import CONTEXT_WINDOW, DraftModelProposer
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
@@ -154,10 +154,11 @@ def build_proposer(
     if getattr(draft_runner, "batch_size", 1) != slots:
         raise ValueError(f"the draft model needs one cache row per slot ({slots}): a native runner's "
                          "with_batch_size(slots)")
+    # Under ngram+draft the draft reads a shorter window of the prompt (hybrid.py says why).
+    window = CONTEXT_WINDOW if method == "draft" else DRAFT_CONTEXT_WINDOW
+    draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None, context_window=window)
     if method == "draft":
-        return DraftModelProposer(draft_runner, draft_confidence if adaptive else None)
-    # ngram+draft: the draft reads a shorter window of the prompt (hybrid.py says why).
-    draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None, context_window=DRAFT_CONTEXT_WINDOW)
+        return draft
     # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates (hybrid.py).
     return NgramThenDraftProposer(per_row(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break)), draft, draft_k)
 

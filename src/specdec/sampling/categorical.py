@@ -31,12 +31,13 @@ BLOCK = 1024  # entries per block: ~150 blocks for a 152K vocabulary, both cumul
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
-def uniforms(rows: int, generators: Generators, device: torch.device) -> torch.Tensor:
-    """U[0, 1) draws in float64, one per row [rows]: from one generator (or torch's default) in row
-    order, or one generator per row (requests independent of batching)."""
+def uniforms(shape: tuple[int, ...], generators: Generators, device: torch.device,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """U[0, 1) draws of `shape` ([rows, ...]): from one generator (or torch's default) in row order,
+    or one generator per row, which keeps requests independent of batching."""
     if generators is None or isinstance(generators, torch.Generator):
-        return torch.rand(rows, generator=generators, device=device, dtype=torch.float64)
-    return torch.cat([torch.rand(1, generator=g, device=device, dtype=torch.float64) for g in generators])
+        return torch.rand(shape, generator=generators, device=device, dtype=dtype)
+    return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=dtype) for g in generators])
 
 
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -71,4 +72,4 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def sample_rows(probs: torch.Tensor, generators: Generators = None) -> torch.Tensor:
     """One draw from each row of probs [B, V] -> int64 [B]."""
-    return draw(probs, uniforms(probs.shape[0], generators, probs.device))
+    return draw(probs, uniforms((probs.shape[0],), generators, probs.device, torch.float64))

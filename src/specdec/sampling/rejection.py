@@ -21,20 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling.categorical import Generators, sample_rows
+from specdec.sampling.categorical import Generators, sample_rows, uniforms
 
 
 @dataclass(frozen=True)
 class VerifyResult:
     output_ids: torch.Tensor  # [B, k+1] int64: accepted drafts, then one recovered/bonus token, then -1
     num_accepted: torch.Tensor  # [B] int64: accepted draft tokens (emitted = num_accepted + 1)
-
-
-def _uniform(shape: tuple[int, int], generators: Generators, device: torch.device) -> torch.Tensor:
-    """U[0,1) draws [B, n]; one generator per row keeps requests independent of batching."""
-    if generators is None or isinstance(generators, torch.Generator):
-        return torch.rand(shape, generator=generators, device=device)
-    return torch.stack([torch.rand(shape[1], generator=g, device=device) for g in generators])
 
 
 def _leading_true(mask: torch.Tensor) -> torch.Tensor:
@@ -127,7 +120,7 @@ def rejection_sample(
     is_drafted = torch.arange(k, device=device)[None, :] < num_draft[:, None]  # [B, k]
 
     # 1. Accept x_j iff u_j < min(1, p_j(x_j) / q_j(x_j)); keep the accepted prefix.
-    uniform = _uniform((batch, k), generator, device)  # [B, k]
+    uniform = uniforms((batch, k), generator, device)  # [B, k]
     accepted = (uniform < acceptance_probs(draft_token_ids, draft_probs, target_probs, lenience)) & is_drafted
     num_accepted = _leading_true(accepted)  # [B]
 

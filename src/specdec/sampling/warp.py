@@ -65,8 +65,8 @@ def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     nearly always hold the nucleus of a language model's distribution; a row whose candidates hold
     less than top_p tries 4096, then the whole row. Within the candidates the sums are the whole
     sort's, prefix for prefix, so the kept set is the same (benchmarks/RESULTS.md, "Sampling without
-    torch.multinomial, top-p without a sort"). On CUDA, where the sort is cheap, the whole row is sorted at once (no host
-    sync to find the rows that need more).
+    torch.multinomial, top-p without a sort"). On CUDA, where the sort is cheap, the whole row is
+    sorted at once (no host sync to find the rows that need more).
     """
     flat = probs.reshape(-1, probs.shape[-1])
     vocab = flat.shape[-1]
