@@ -77,8 +77,8 @@ def test_the_bandwidth_buffer_outgrows_the_last_level_cache(tmp_path, monkeypatc
     import specdec.analysis.roofline as roofline
 
     allocated = []
-    real_ones = torch.ones
-    monkeypatch.setattr(roofline.torch, "ones", lambda n: allocated.append(n * 4) or real_ones(16))
+    monkeypatch.setattr(roofline.huge_pages, "zeros",
+                        lambda shape, dtype: allocated.append(shape[0] * dtype.itemsize) or torch.zeros(16))
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 100 * 2**20)
     measure_bandwidth(repeats=1)
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 0)

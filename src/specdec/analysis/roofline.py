@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from specdec.analysis.measure import forward_times
+from specdec.models import huge_pages
 
 TOKENS = (1, 2, 5, 9, 17, 33)  # a step, then verification of k = 1, 4, 8, 16, 32 drafts
 
@@ -129,10 +130,11 @@ def last_level_cache_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cac
 def measure_bandwidth(megabytes: int | None = None, repeats: int = 5) -> float:
     """Bytes/s of reading a buffer far larger than any last-level cache, with this process's threads:
     256 MB, or four times the last-level cache where that is larger (VMs on hosts with 480 MB of
-    L3 report it, and a 256 MB sum then partly reads cache)."""
+    L3 report it, and a 256 MB sum then partly reads cache). On 2 MB pages where the system gives
+    them, as the native decoder's weights are (models/huge_pages.py): the floor of the same reads."""
     if megabytes is None:
         megabytes = min(4096, max(256, 4 * last_level_cache_bytes() // 2**20))
-    buffer = torch.ones(megabytes * 2**20 // 4)
+    buffer = huge_pages.zeros((megabytes * 2**20 // 4,), torch.float32).fill_(1.0)
     return buffer.numel() * 4 / median_seconds(buffer.sum, buffer.device, repeats)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.models import huge_pages
+
 
 class StaticKVCache:
     def __init__(self, *, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
@@ -37,8 +39,12 @@ class StaticKVCache:
     def _allocate(self, capacity: int) -> None:
         layers, batch, heads, _, dim = self._shape
         capacity = -(-capacity // self.capacity_multiple) * self.capacity_multiple
-        keys = torch.zeros(layers, batch, heads, capacity, dim, dtype=self._dtype, device=self._device)
-        values = torch.zeros_like(keys)
+        shape = (layers, batch, heads, capacity, dim)
+        if self._device.type == "cpu":  # attention reads the whole cache every step: huge pages fetch it faster
+            keys, values = huge_pages.zeros(shape, self._dtype), huge_pages.zeros(shape, self._dtype)
+        else:
+            keys = torch.zeros(shape, dtype=self._dtype, device=self._device)
+            values = torch.zeros_like(keys)
         if self.keys is not None:  # growing: keep what is there
             old = self.keys.shape[3]
             keys[:, :, :, :old] = self.keys

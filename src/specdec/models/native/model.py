@@ -19,6 +19,7 @@ from specdec.models.kv_cache import StaticKVCache
 from specdec.models.native import kernels
 from specdec.models.native.attention import KEY_BLOCK, AttentionPlan
 from specdec.models.native.config import DecoderConfig
+from specdec.models.huge_pages import move_to_huge_pages
 from specdec.models.native.linear import head_quantization, make_linear
 from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
 
@@ -214,6 +215,9 @@ class NativeDecoder(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.norm, self.head = norm, head
         self.rotary = Rotary(config.head_dim, config.rope_theta, device)
+        # Before the block calls keep their own references: every step streams the blocks' and the
+        # head's weights, and on 2 MB pages it fetches them faster (models/huge_pages.py).
+        move_to_huge_pages([*self.blocks, self.head], keep=(self.embedding,))
         self.chain_call = ChainCall.of(self.blocks)  # every block in one call, where they are all w4a8
         self.block_form = BLOCK_FORMS[0]
         # EAGLE-3 reads several layers' features instead of the final one (capture_layers).

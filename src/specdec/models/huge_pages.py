@@ -1,0 +1,124 @@
+"""A CPU model's streamed weights on 2 MB pages (Linux transparent huge pages).
+
+Why: a decoding step reads every projection's weights from memory once, and a verification of k + 1
+tokens reads them once while it multiplies. On 4 KB pages the hardware prefetchers stop at every page
+boundary (a w4a8 block's 12 KB stream crosses one every 16 groups) and the TLB misses a page every
+4 KB, which a virtual machine's nested page walk makes dear. The weights' bytes and arithmetic are
+the same on either page size: only the time to fetch them moves. Measured on a 2-core Zen 4 EPYC, both
+forms in one process (benchmarks/page_size_ab.py; benchmarks/RESULTS.md, "Weights on 2 MB pages: every
+forward 2-10% faster, the same bits (issue 38)"): the 1.5B target's w4a8 step after 800 cached tokens
+took 0.90-0.98x the time, a 9-token verification 0.95-0.96x, the 0.5B draft's step 0.93x; prefill,
+which is arithmetic-bound, 1.00x.
+
+PyTorch's allocator can do the same for every allocation of 2 MB or more (THP_MEM_ALLOC_ENABLE=1),
+but only when that variable is set before torch's first allocation, which a library imported after
+torch cannot promise, and it also moves the forward's short-lived activations, whose fresh 2 MB
+pages made an 800-token prefill 6-7% slower on the same CPU. So only the weights move, once, when
+the model is built, and the KV cache is allocated the same way (zeros()): into an anonymous mapping that asks the kernel for huge pages
+(madvise(MADV_HUGEPAGE), honoured where /sys/kernel/mm/transparent_hugepage/enabled is `always` or
+`madvise`, the common defaults). Elsewhere (other systems, THP `never`) the weights stay where they are.
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HUGE_PAGE = 2 << 20
+MIN_BYTES = 1 << 20  # smaller tensors (norms, biases, codes of small layers) are not worth a page's alignment
+_ALIGN = 64  # each storage starts on a cache line, as the kernels' vector loads prefer
+_THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages_unavailable() -> str | None:
+    """None where madvise(MADV_HUGEPAGE) can give this process 2 MB pages, else why not."""
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return "transparent huge pages are a Linux feature"
+    try:
+        setting = _THP_SETTING.read_text()
+    except OSError:
+        return f"{_THP_SETTING} is not readable"
+    if "[never]" in setting:
+        return "transparent huge pages are off (never) on this system"
+    return None
+
+
+def _streamed_tensors(modules: list[nn.Module]) -> list[tuple[dict, str, torch.Tensor]]:
+    """(the dict that holds it, its name, the tensor) for every plain CPU parameter and buffer."""
+    found = []
+    for module in modules:
+        for owner in module.modules():
+            for table in (owner._parameters, owner._buffers):
+                for name, tensor in table.items():
+                    if (tensor is not None and tensor.device.type == "cpu" and tensor.layout == torch.strided
+                            and not tensor.is_mkldnn):
+                        found.append((table, name, tensor))
+    return found
+
+
+def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ...] = (),
+                       min_bytes: int = MIN_BYTES) -> int:
+    """Copy the CPU storages of at least `min_bytes` behind these modules' parameters and buffers into
+    one huge-page mapping, in place of the originals; returns the bytes moved (0 where huge pages are
+    unavailable). Values, dtypes, shapes, strides and storage sharing are kept: two tensors that shared
+    a storage share the new one. `keep`: tensors whose storages stay where they are (the native
+    decoder's embedding: a step reads a few of its rows, and a tied head that shares it must go on
+    sharing it). Call it before anything keeps its own reference to the tensors (the native decoder
+    calls it before building its block calls)."""
+    if huge_pages_unavailable() is not None:
+        return 0
+    kept = {tensor.untyped_storage().data_ptr() for tensor in keep}
+    groups: dict[int, list[tuple[dict, str, torch.Tensor]]] = {}  # storage address -> its tensors
+    for entry in _streamed_tensors(modules):
+        storage = entry[2].untyped_storage()
+        if storage.nbytes() >= min_bytes and storage.data_ptr() not in kept:
+            groups.setdefault(storage.data_ptr(), []).append(entry)
+    if not groups:
+        return 0
+    sizes = {key: group[0][2].untyped_storage().nbytes() for key, group in groups.items()}
+    total = sum(-(-size // _ALIGN) * _ALIGN for size in sizes.values())
+    # One extra huge page so the arena can start on a 2 MB boundary (mmap only promises 4 KB).
+    arena = mmap.mmap(-1, -(-total // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE,
+                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arena.madvise(mmap.MADV_HUGEPAGE)
+    offset = -_address(arena) % HUGE_PAGE
+    for key in list(groups):
+        # One storage at a time, its old copy released before the next is made: the load's peak
+        # memory grows by the largest storage, not by the model.
+        group = groups.pop(key)
+        # Each storage gets its own view of the arena (the tensor keeps the mapping alive), so code
+        # that refuses tensors sharing memory (safetensors' save) sees them as before.
+        copy = torch.frombuffer(arena, dtype=torch.uint8, count=sizes[key], offset=offset)
+        copy.copy_(torch.empty(0, dtype=torch.uint8).set_(group[0][2].untyped_storage()))
+        offset += -(-sizes[key] // _ALIGN) * _ALIGN
+        replaced: dict[int, torch.Tensor] = {}  # one new tensor per old one: a tied parameter stays tied
+        for table, name, tensor in group:
+            if id(tensor) not in replaced:
+                placed = torch.empty(0, dtype=tensor.dtype).set_(copy.untyped_storage(), tensor.storage_offset(),
+                                                                tensor.size(), tensor.stride())
+                replaced[id(tensor)] = (nn.Parameter(placed, requires_grad=tensor.requires_grad)
+                                        if isinstance(tensor, nn.Parameter) else placed)
+            table[name] = replaced[id(tensor)]
+        del group, replaced, copy
+    return sum(sizes.values())
+
+
+def _address(arena: mmap.mmap) -> int:
+    """The mapping's first byte's address."""
+    return torch.frombuffer(arena, dtype=torch.uint8, count=1).data_ptr()
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """torch.zeros(shape, dtype=dtype) on the CPU, on huge pages where they are available and the
+    tensor has at least MIN_BYTES (a KV cache, which attention reads whole every step)."""
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
+    if nbytes < MIN_BYTES or huge_pages_unavailable() is not None:
+        return torch.zeros(shape, dtype=dtype)
+    arena = mmap.mmap(-1, -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arena.madvise(mmap.MADV_HUGEPAGE)
+    # An anonymous mapping reads as zeros until written.
+    return torch.frombuffer(arena, dtype=torch.uint8, count=nbytes, offset=-_address(arena) % HUGE_PAGE).view(dtype).view(shape)
