@@ -6,7 +6,7 @@ processes minutes apart compare the machine, not the kernels. This builds the ot
 its own op namespace, packs weights with each version's own quantize_pack, and interleaves:
 
 - projections: the 1.5B target's 112 w4a8 projections (random weights of the real shapes, each
-  version's copy allocated side by side) at 1..17 rows;
+  version's copy allocated side by side, on 2 MB pages as the decoder's own) at 1..17 rows;
 - forwards: whole forwards of the embedded target (op by op from Python, both versions, the same
   300-token cache) of 1, 5 and 9 new tokens.
 
@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from specdec.models.huge_pages import move_to_huge_pages
 from specdec.models.loader import load_model
 from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
 
@@ -59,6 +61,16 @@ def build_other(source: Path, library: str = "specdec_w4a8", extra: str = "") ->
                        extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"],
                        extra_include_paths=headers, build_directory=str(build))
     return getattr(torch.ops, other)
+
+
+def on_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors copied onto 2 MB pages, where the native decoder keeps its own weights
+    (models/huge_pages.py), so both versions stream their weights as a forward does."""
+    holder = nn.Module()
+    for index, tensor in enumerate(tensors):
+        holder.register_buffer(f"t{index}", tensor)
+    move_to_huge_pages([holder])
+    return [getattr(holder, f"t{index}") for index in range(len(tensors))]
 
 
 def interleaved(runs: dict, passes: int) -> dict[str, float]:
@@ -95,7 +107,8 @@ def main() -> None:
     for linear in linears:
         weight = torch.randn(linear.out_features, linear.in_features, generator=generator).bfloat16() * 0.02
         padded = linear.out_features + (-linear.out_features % 16)
-        packs.append((linear, ours.quantize_pack(weight, padded), other.quantize_pack(weight, padded)))
+        both = on_huge_pages([*ours.quantize_pack(weight, padded), *other.quantize_pack(weight, padded)])
+        packs.append((linear, both[:3], both[3:]))
     for rows in args.rows:
         inputs = {linear.in_features: torch.randn(rows, linear.in_features, generator=generator).bfloat16()
                   for linear in linears}
@@ -116,8 +129,9 @@ def main() -> None:
     use_other = [False]
     for linear in linears:
         padded = linear.out_features + (-linear.out_features % 16)
-        linear.other_packed = other.quantize_pack(linear.dequantized(), padded)
-        linear.packed, linear.codes, linear.supers = linear.packed.clone(), linear.codes.clone(), linear.supers.clone()
+        placed = on_huge_pages([*other.quantize_pack(linear.dequantized(), padded),
+                                linear.packed.clone(), linear.codes.clone(), linear.supers.clone()])
+        linear.other_packed, (linear.packed, linear.codes, linear.supers) = placed[:3], placed[3:]
     original = W4A8Linear.forward
 
     def forward(self, x, isa=None):

@@ -11,6 +11,7 @@ from conftest import VOCAB_SIZE, make_model, make_native
 from specdec.analysis.lossless import distribution_tests
 from specdec.engine import SpecEngine
 from specdec.engine.adaptive import AdaptiveK
+from specdec.planning.costs import RecentTimes
 from specdec.planning.theory import best_k
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, DraftProposal, NgramProposer, NgramThenDraftProposer
@@ -65,6 +66,25 @@ def test_every_draft_accepted_and_a_cheap_draft_drives_k_to_its_maximum():
     chosen = _feed(controller, 30, accept=1.0, draft_s=0.001, verify_s_per_token=0.0, verify_s_fixed=0.1)
     assert chosen[:3] == [2, 4, 8]  # slow start: 2, doubling after each step whose drafts were all accepted
     assert chosen[-5:] == [8] * 5
+
+
+def test_a_slow_first_plain_step_does_not_keep_a_useless_draft_going():
+    """The first plain step is the only x = 1 sample until drafting stops, so if a neighbour slowed
+    it 10x, every later drafted step looked cheaper than a plain one and a draft that was never
+    accepted was asked for one token at every step (test_auto_k_backs_off_when_every_draft_fails
+    failed so under CI's load). A larger x's cost now caps a smaller x's: the controller backs off."""
+    controller = _started(AdaptiveK(max_k=8), plain_s=0.030)  # steps really take 2-3 ms
+    chosen = _feed(controller, 30, accept=0.0, draft_s=0.001, verify_s_per_token=0.0005, verify_s_fixed=0.002)
+    assert 0 in chosen[:8] and chosen.count(0) >= 20
+
+
+def test_a_cost_is_never_above_a_larger_widths():
+    times = RecentTimes(32)
+    for x, seconds in [(1, 0.030), (2, 0.002), (2, 0.003), (2, 0.002), (5, 0.004), (9, 0.010), (9, 0.011)]:
+        times.add(x, seconds)
+    cost = times.predictor()
+    assert cost(1) == cost(2) == 0.002  # x = 1's single slow sample lowered to x = 2's median
+    assert cost(5) == 0.004 and cost(9) == pytest.approx(0.0105)  # the medians of the others, as they were
 
 
 def test_every_draft_rejected_stops_drafting_but_keeps_exploring():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +25,12 @@ class RecentTimes:
         pair verifying 4 or 5 tokens costs about the same, 7 about 35% more. The
         line only extrapolates to untried x; one x seen so far gives a flat line.
         Its slope is never negative: verifying more tokens never costs less.
+        For the same reason no x costs more than a larger x seen: a median above a
+        larger x's is lowered to it. Why: -k auto's first plain step is one sample
+        of x = 1, and once drafting is chosen no plain step comes to correct it; a
+        first step slowed by a neighbour (30 ms where steps take 3) made one drafted
+        token look cheaper than none, so a draft that was never right kept being
+        asked, step after step (tests/engine/test_adaptive.py).
         """
         by_x: dict[float, list[float]] = {}
         for x, y in self.samples:
@@ -31,6 +38,9 @@ class RecentTimes:
         if not by_x:
             return None
         medians = {x: statistics.median(ys) for x, ys in by_x.items()}
+        cheapest_above = math.inf
+        for x in sorted(medians, reverse=True):
+            medians[x] = cheapest_above = min(medians[x], cheapest_above)
         weights = {x: len(ys) for x, ys in by_x.items()}
         total = sum(weights.values())
         mean_x = sum(x * weights[x] for x in medians) / total

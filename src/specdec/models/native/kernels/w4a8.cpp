@@ -277,6 +277,16 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
 // way (R x B of them next to R x B integer accumulators).
 constexpr int kTileRows = 5;
 constexpr int kTileBlocks = 4;
+// Tiles of 2 rows or more ask for their blocks' weights 2 KB ahead (8 groups) into L2 with
+// prefetcht1, in the first row tile of a call only (the later tiles of a call find the block in
+// cache). Why: from 2 rows on, each weight line is multiplied long enough that the hardware
+// prefetchers fall behind and the tile waits on memory, though it asks for 15-20 GB/s of the ~35 the
+// machine gives. Measured on a 2-core Zen 4 EPYC with the weights on 2 MB pages (benchmarks/kernel_ab.py;
+// benchmarks/RESULTS.md, "w4a8: tiles of 2 rows or more prefetch their weights"): the 1.5B target's 112
+// projections 0.91x the time at 5 and 9 rows, 0.94-0.95x at 3 and 17; whole forwards 0.94-0.96x at 5
+// and 9 tokens (two runs). One-row tiles do not prefetch: they stream at the machine's bandwidth already, and
+// prefetching there made them 13% slower (stop 55; benchmarks/results/zen4-cost-and-peers).
+constexpr int64_t kAvx512Prefetch = 2048;
 
 // Sixteen outputs of row m from n, masked to the real columns: fp32, or bf16 by bf16_bits' steps.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store16_avx512(const Problem& p, int64_t m,
@@ -326,6 +336,12 @@ void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
     // 7 spills per 32 vpdpbusd). Measured on a 2-core Cascade Lake Xeon (AVX512-VNNI), interleaved
     // (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "The cost of a forward next to its floors"): the
     // 1.5B target's 112 projections 0.94x the time at 17 rows, 0.87x at 33, alike at 1-9 rows.
+    if (R > 1 && m0 == 0) {
+      for (int j = 0; j < B; ++j) {
+        const char* ahead = (const char*)(p.packed + ((b0 + j) * groups + g) * kChunks * 64) + kAvx512Prefetch;
+        for (int c = 0; c < kChunks; ++c) _mm_prefetch(ahead + 64 * c, _MM_HINT_T1);
+      }
+    }
 #pragma GCC unroll 4
     for (int64_t c = 0; c < kChunks; ++c) {
       __m512i lo[B], hi[B];
