@@ -2,9 +2,9 @@
 
 models/huge_pages.py moves a native model's weights onto transparent huge pages when it is
 built. This loads the model twice, once with that move turned off, fills both caches with the same
-context (timing that prefill), and times forwards of 1..17 new tokens on each, alternating pass by pass (these VMs'
-memory bandwidth moves within minutes, so only a ratio measured in one process says what the pages
-did). Both copies compute the same bits: the script checks that their logits are equal.
+context (timing that prefill), and times forwards of 1..17 new tokens on each, alternating pass by
+pass (these VMs' memory bandwidth moves within minutes, so only a ratio measured in one process says
+what the pages did). Both copies compute the same bits: the script checks that their logits are equal.
 
     python benchmarks/page_size_ab.py                                  # the 1.5B target, w4a8
     python benchmarks/page_size_ab.py --model qwen2.5-coder-0.5b       # the draft
@@ -21,9 +21,9 @@ from unittest import mock
 
 import torch
 
+from specdec.models import huge_pages
 from specdec.models.cpu_features import cpu_model, effective_isa
 from specdec.models.loader import load_model
-from specdec.models import huge_pages
 
 
 def load(name: str, quantize: str, huge: bool):

@@ -14,9 +14,10 @@ PyTorch's allocator can do the same for every allocation of 2 MB or more (THP_ME
 but only when that variable is set before torch's first allocation, which a library imported after
 torch cannot promise, and it also moves the forward's short-lived activations, whose fresh 2 MB
 pages made an 800-token prefill 6-7% slower on the same CPU. So only the weights move, once, when
-the model is built, and the KV cache is allocated the same way (zeros()): into an anonymous mapping that asks the kernel for huge pages
-(madvise(MADV_HUGEPAGE), honoured where /sys/kernel/mm/transparent_hugepage/enabled is `always` or
-`madvise`, the common defaults). Elsewhere (other systems, THP `never`) the weights stay where they are.
+the model is built, and the KV cache is allocated the same way (zeros()): into an anonymous mapping
+that asks the kernel for huge pages (madvise(MADV_HUGEPAGE), honoured where
+/sys/kernel/mm/transparent_hugepage/enabled is `always` or `madvise`, the common defaults).
+Elsewhere (other systems, THP `never`) the weights stay where they are.
 """
 
 from __future__ import annotations
@@ -80,12 +81,7 @@ def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ..
     if not groups:
         return 0
     sizes = {key: group[0][2].untyped_storage().nbytes() for key, group in groups.items()}
-    total = sum(-(-size // _ALIGN) * _ALIGN for size in sizes.values())
-    # One extra huge page so the arena can start on a 2 MB boundary (mmap only promises 4 KB).
-    arena = mmap.mmap(-1, -(-total // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE,
-                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    arena.madvise(mmap.MADV_HUGEPAGE)
-    offset = -_address(arena) % HUGE_PAGE
+    arena, offset = _huge_mapping(sum(_round_up(size, _ALIGN) for size in sizes.values()))
     for key in list(groups):
         # One storage at a time, its old copy released before the next is made: the load's peak
         # memory grows by the largest storage, not by the model.
@@ -94,7 +90,7 @@ def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ..
         # that refuses tensors sharing memory (safetensors' save) sees them as before.
         copy = torch.frombuffer(arena, dtype=torch.uint8, count=sizes[key], offset=offset)
         copy.copy_(torch.empty(0, dtype=torch.uint8).set_(group[0][2].untyped_storage()))
-        offset += -(-sizes[key] // _ALIGN) * _ALIGN
+        offset += _round_up(sizes[key], _ALIGN)
         replaced: dict[int, torch.Tensor] = {}  # one new tensor per old one: a tied parameter stays tied
         for table, name, tensor in group:
             if id(tensor) not in replaced:
@@ -107,9 +103,16 @@ def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ..
     return sum(sizes.values())
 
 
-def _address(arena: mmap.mmap) -> int:
-    """The mapping's first byte's address."""
-    return torch.frombuffer(arena, dtype=torch.uint8, count=1).data_ptr()
+def _round_up(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def _huge_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
+    """(an anonymous mapping advised for huge pages, the offset of its first 2 MB boundary), with room
+    for `nbytes` from that offset: one extra huge page, since mmap only promises 4 KB alignment."""
+    arena = mmap.mmap(-1, _round_up(nbytes, HUGE_PAGE) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arena.madvise(mmap.MADV_HUGEPAGE)
+    return arena, -torch.frombuffer(arena, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -118,7 +121,6 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     nbytes = torch.Size(shape).numel() * dtype.itemsize
     if nbytes < MIN_BYTES or huge_pages_unavailable() is not None:
         return torch.zeros(shape, dtype=dtype)
-    arena = mmap.mmap(-1, -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    arena.madvise(mmap.MADV_HUGEPAGE)
+    arena, offset = _huge_mapping(nbytes)
     # An anonymous mapping reads as zeros until written.
-    return torch.frombuffer(arena, dtype=torch.uint8, count=nbytes, offset=-_address(arena) % HUGE_PAGE).view(dtype).view(shape)
+    return torch.frombuffer(arena, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)

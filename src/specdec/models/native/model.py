@@ -15,11 +15,11 @@ import functools
 import torch
 from torch import nn
 
+from specdec.models.huge_pages import move_to_huge_pages
 from specdec.models.kv_cache import StaticKVCache
 from specdec.models.native import kernels
 from specdec.models.native.attention import KEY_BLOCK, AttentionPlan
 from specdec.models.native.config import DecoderConfig
-from specdec.models.huge_pages import move_to_huge_pages
 from specdec.models.native.linear import head_quantization, make_linear
 from specdec.models.native.w4a8 import ISA_PATHS, W4A8Linear
 
