@@ -263,30 +263,30 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
   }
 }
 
-// AVX-512: 16 outputs per register; a tile is R rows x B blocks, so each activation broadcast
-// feeds B vpdpbusd and each unpacked weight register feeds R rows. VNNI fuses vpmaddubsw +
-// vpmaddwd + add into vpdpbusd; both give the same exact int32 sums.
-// Tiles of 4 blocks, measured on a 2-core Zen 4 EPYC with the 1.5B target's four projections and
-// their weights coming from memory (benchmarks/native_kernels.py --layers): against tiles of 2,
-// a 1-token step's projections run 5-13% faster (one row does little work between loads, and
-// four blocks keep more of them in flight) and 5-17 rows 4-7% faster; 8 blocks spill registers.
-// Tiles of up to 5 rows, not 4, in calls of up to 5 rows (taller calls take the taller tiles below):
-// each tile unpacks its blocks' weights and widens their codes once for more rows (9 rows as 5 + 4,
-// not 3 + 3 + 3: on a 2-core Cascade Lake Xeon, benchmarks/kernel_ab.py, the 1.5B target's
-// projections 0.93x the time at 9 rows, 0.95x at 17). The rows' float sums live on the stack either
-// way (R x B of them next to R x B integer accumulators).
-constexpr int kTileRows = 5;
-constexpr int kTileBlocks = 4;
-// Tiles of 2 rows or more ask for their blocks' weights 2 KB ahead (8 groups) into L2 with
-// prefetcht1, in the first row tile of a call only (the later tiles of a call find the block in
-// cache). Why: from 2 rows on, each weight line is multiplied long enough that the hardware
-// prefetchers fall behind and the tile waits on memory, though it asks for 15-20 GB/s of the ~35 the
-// machine gives. Measured on a 2-core Zen 4 EPYC with the weights on 2 MB pages (benchmarks/kernel_ab.py;
-// benchmarks/RESULTS.md, "w4a8: tiles of 2 rows or more prefetch their weights"): the 1.5B target's 112
-// projections 0.91x the time at 5 and 9 rows, 0.94-0.95x at 3 and 17; whole forwards 0.94-0.96x at 5
-// and 9 tokens (two runs). One-row tiles do not prefetch: they stream at the machine's bandwidth already, and
-// prefetching there made them 13% slower (stop 55; benchmarks/results/zen4-cost-and-peers).
-constexpr int64_t kAvx512Prefetch = 2048;
+// AVX-512: 16 outputs per register; a tile is up to 10 rows of one block of 16 outputs, so each
+// unpacked weight register feeds every row of the tile. VNNI fuses vpmaddubsw + vpmaddwd + add into
+// vpdpbusd; both give the same exact int32 sums.
+// One block at a time, in memory order: a thread then reads its share of a call (weights, codes and
+// steps) as three streams of consecutive blocks, which the prefetchers follow. The tiles before walked
+// 4 blocks at once (2 over 5 rows): 12 streams, restarted every 4 blocks, each 12 KB long where K =
+// 1536. Measured on a 2-core Zen 4 EPYC, weights on 2 MB pages, both versions reading one copy,
+// interleaved (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "w4a8: one block at a time"), the
+// 1.5B target's 112 projections took 0.92-0.94x the time at 1 row, 0.79-0.91x at 2-5 rows, 0.91x at
+// 9, 0.95-0.97x at 17 (whole forwards 0.89-0.97x at 5 and 9 tokens); the 0.5B draft's 0.84-0.92x at
+// 1-9 rows; one thread at 1 row 0.79x. The down projection (K = 8960: 70 KB a block) gains least.
+// In cache the 4-block tiles ran more multiply-adds per second at 1 row (~49% of the vpdpbusd peak
+// against ~37%: one activation broadcast per vpdpbusd instead of one per four; alike, ~73%, from 5
+// rows; benchmarks/w4a8_tile_cycles.py), but from memory the streams decide. Tiles of up to 10 rows
+// keep each block's unpacking and widened codes for as many rows as the 10-row x 2-block tiles did
+// (benchmarks/RESULTS.md, "w4a8: tiles of 10 rows"); taller calls run balanced tiles (11 rows as 6 +
+// 5, not 10 + 1). Tried and slower from memory: the same tiles over 2 blocks (1.13-1.16x the time at
+// 1-9 rows), and over 1 block in the w8a8 head (1.03x at 1 row, 1.11x at 9).
+constexpr int kTileRows = 10;
+// The first row tile of a call asks for its block's weights 4 KB ahead (16 groups; past a block's end,
+// the next block's: this thread's next) with prefetcht0; the later tiles find the block in cache.
+// Against the same tiles without it (as above): 9 rows 0.83x the time, 1 row alike at ~34 GB/s and
+// 0.97x when the memory gave ~60; 2 KB and 8 KB ahead, or prefetcht1, measured 2-5% slower.
+constexpr int64_t kAvx512Prefetch = 4096;
 
 // Sixteen outputs of row m from n, masked to the real columns: fp32, or bf16 by bf16_bits' steps.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void store16_avx512(const Problem& p, int64_t m,
@@ -311,143 +311,100 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_in_place(__m
   return acc;
 }
 
-template <int R, int B, bool kVnni>
+template <int R, bool kVnni>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
-void tile_avx512(const Problem& p, int64_t b0, int64_t m0) {
+void tile_avx512(const Problem& p, int64_t b, int64_t m0) {
   const int64_t groups = p.K / kGroup;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   const __m512i ones = _mm512_set1_epi16(1);
-  // With a single row and block, two accumulators (low and high nibbles) break the one chain of
-  // dependent vpdpbusd; their integer sum is exact, so the split changes nothing.
-  constexpr bool kSplit = R * B == 1;
-  __m512 y[R][B];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < B; ++j) y[r][j] = _mm512_setzero_ps();
-  // The current super-block's d and dmin per block, widened once for its 8 groups: per group only the
-  // codes are widened (6-9% of a call in cache on the Zen 4 when each group widened its steps too).
-  alignas(64) float steps[B][2][kLanes];
+  // With a single row, two accumulators (low and high nibbles) break the one chain of dependent
+  // vpdpbusd; their integer sum is exact, so the split changes nothing.
+  constexpr bool kSplit = R == 1;
+  const uint8_t* weights = p.packed + b * groups * kChunks * 64;
+  __m512 y[R];
+  for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
+  // The current super-block's d and dmin, widened once for its 8 groups: per group only the codes are
+  // widened (6-9% of a call in cache on the Zen 4 when each group widened its steps too).
+  __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+  const int64_t chunk_stride = p.M * 8;  // xq's bytes from one chunk of every row to the next chunk
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i acc[R][B], acc_hi[kSplit ? 1 : R][kSplit ? 1 : B];
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < B; ++j) acc[r][j] = _mm512_setzero_si512();
-    if constexpr (kSplit) acc_hi[0][0] = _mm512_setzero_si512();
+    const uint8_t* chunks = weights + g * kChunks * 64;
+    const int8_t* xg = p.xq + (g * kChunks * p.M + m0) * 8;
+    __m512i acc[R], acc_hi[kSplit ? 1 : R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    if constexpr (kSplit) acc_hi[0] = _mm512_setzero_si512();
+    if (m0 == 0) {
+      for (int c = 0; c < kChunks; ++c) _mm_prefetch((const char*)chunks + kAvx512Prefetch + 64 * c, _MM_HINT_T0);
+    }
     // Unrolled, so each accumulator keeps one register across the group's 4 chunks: rolled, GCC
-    // rotated the 16 accumulators through other registers and the stack every chunk (~20 moves and
-    // 7 spills per 32 vpdpbusd). Measured on a 2-core Cascade Lake Xeon (AVX512-VNNI), interleaved
+    // rotated the accumulators through other registers and the stack every chunk (~20 moves and 7
+    // spills per 32 vpdpbusd). Measured on a 2-core Cascade Lake Xeon (AVX512-VNNI), interleaved
     // (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "The cost of a forward next to its floors"): the
     // 1.5B target's 112 projections 0.94x the time at 17 rows, 0.87x at 33, alike at 1-9 rows.
-    if (R > 1 && m0 == 0) {
-      for (int j = 0; j < B; ++j) {
-        const char* ahead = (const char*)(p.packed + ((b0 + j) * groups + g) * kChunks * 64) + kAvx512Prefetch;
-        for (int c = 0; c < kChunks; ++c) _mm_prefetch(ahead + 64 * c, _MM_HINT_T1);
-      }
-    }
 #pragma GCC unroll 4
     for (int64_t c = 0; c < kChunks; ++c) {
-      __m512i lo[B], hi[B];
-      for (int j = 0; j < B; ++j) {
-        const __m512i w = _mm512_loadu_si512((const void*)(p.packed + ((b0 + j) * groups + g) * kChunks * 64 + c * 64));
-        lo[j] = _mm512_and_si512(w, low_nibbles);
-        hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low_nibbles);
-      }
+      const __m512i w = _mm512_loadu_si512((const void*)(chunks + c * 64));
+      const __m512i lo = _mm512_and_si512(w, low_nibbles);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low_nibbles);
       for (int r = 0; r < R; ++r) {
-        const int8_t* x = p.xq + ((g * kChunks + c) * p.M + m0 + r) * 8;
+        const int8_t* x = xg + c * chunk_stride + r * 8;
         const __m512i xa = _mm512_set1_epi32(*(const unaligned_int32*)x);
         const __m512i xb = _mm512_set1_epi32(*(const unaligned_int32*)(x + 4));
-        for (int j = 0; j < B; ++j) {
-          __m512i& high = kSplit ? acc_hi[0][0] : acc[r][j];
-          if constexpr (kVnni) {
-            acc[r][j] = dpbusd_in_place(acc[r][j], lo[j], xa);
-            high = dpbusd_in_place(high, hi[j], xb);
-          } else {
-            acc[r][j] = _mm512_add_epi32(acc[r][j], _mm512_madd_epi16(_mm512_maddubs_epi16(lo[j], xa), ones));
-            high = _mm512_add_epi32(high, _mm512_madd_epi16(_mm512_maddubs_epi16(hi[j], xb), ones));
-          }
+        __m512i& high = kSplit ? acc_hi[0] : acc[r];
+        if constexpr (kVnni) {
+          acc[r] = dpbusd_in_place(acc[r], lo, xa);
+          high = dpbusd_in_place(high, hi, xb);
+        } else {
+          acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(_mm512_maddubs_epi16(lo, xa), ones));
+          high = _mm512_add_epi32(high, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, xb), ones));
         }
       }
     }
-    if constexpr (kSplit) acc[0][0] = _mm512_add_epi32(acc[0][0], acc_hi[0][0]);
+    if constexpr (kSplit) acc[0] = _mm512_add_epi32(acc[0], acc_hi[0]);
     if (g % kSuperGroups == 0) {
-      for (int j = 0; j < B; ++j) {
-        const uint16_t* supers = group_supers(p, b0 + j, g);
-        _mm512_store_ps(steps[j][0], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)supers)));
-        _mm512_store_ps(steps[j][1], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(supers + kLanes))));
-      }
+      const uint16_t* supers = group_supers(p, b, g);
+      d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)supers));
+      dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(supers + kLanes)));
     }
-    for (int j = 0; j < B; ++j) {
-      const uint8_t* codes = group_codes(p, b0 + j, g);
-      const __m512 scale = _mm512_mul_ps(_mm512_load_ps(steps[j][0]),
-                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)codes))));
-      const __m512 min = _mm512_mul_ps(_mm512_load_ps(steps[j][1]),
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + kLanes)))));
-      for (int r = 0; r < R; ++r) {
-        const __m512 xs = _mm512_set1_ps(p.xsum[(m0 + r) * groups + g]);
-        const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][j]), scale, _mm512_mul_ps(min, xs));
-        y[r][j] = _mm512_add_ps(y[r][j], t);
-      }
+    const uint8_t* codes = group_codes(p, b, g);
+    const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)codes))));
+    const __m512 min = _mm512_mul_ps(dmin,
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(codes + kLanes)))));
+    for (int r = 0; r < R; ++r) {
+      const __m512 xs = _mm512_set1_ps(p.xsum[(m0 + r) * groups + g]);
+      const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, _mm512_mul_ps(min, xs));
+      y[r] = _mm512_add_ps(y[r], t);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < B; ++j) {
-      const int64_t m = m0 + r, n = (b0 + j) * kLanes;
-      __m512 v = _mm512_mul_ps(y[r][j], _mm512_set1_ps(p.xscale[m]));
-      if (p.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(p.bias + n));
-      store16_avx512(p, m, n, v);
-    }
+    const int64_t m = m0 + r, n = b * kLanes;
+    __m512 v = _mm512_mul_ps(y[r], _mm512_set1_ps(p.xscale[m]));
+    if (p.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(p.bias + n));
+    store16_avx512(p, m, n, v);
   }
 }
 
-// tile_avx512<tile, B, kVnni> for a tile of 1..R rows.
-template <int R, int B, bool kVnni>
-inline void tile_dispatch(const Problem& p, int64_t b0, int64_t m0, int64_t tile) {
+// tile_avx512<tile, kVnni> for a tile of 1..R rows.
+template <int R, bool kVnni>
+inline void tile_dispatch(const Problem& p, int64_t b, int64_t m0, int64_t tile) {
   if constexpr (R >= 1) {
-    if (tile == R) { tile_avx512<R, B, kVnni>(p, b0, m0); return; }
-    if constexpr (R > 1) tile_dispatch<R - 1, B, kVnni>(p, b0, m0, tile);
+    if (tile == R) { tile_avx512<R, kVnni>(p, b, m0); return; }
+    if constexpr (R > 1) tile_dispatch<R - 1, kVnni>(p, b, m0, tile);
   }
 }
 
-// All rows of blocks [b0, b0 + B), in balanced tiles of at most kMaxRows (at most 5: 11 rows run as
-// 4 + 4 + 3, not 5 + 5 + 1; each tile unpacks the blocks' weights once more, and a 1-row tile leaves
-// the integer units idle).
-template <int B, int kMaxRows, bool kVnni>
-void rows_avx512(const Problem& p, int64_t b0) {
-  for (int64_t m0 = 0, rows = p.M; rows > 0;) {
-    const int64_t tiles = (rows + kMaxRows - 1) / kMaxRows, tile = (rows + tiles - 1) / tiles;
-    tile_dispatch<kMaxRows, B, kVnni>(p, b0, m0, tile);
-    rows -= tile;
-    m0 += tile;
-  }
-}
-
-// Over kTileRows rows, tiles of up to 10 rows x 2 blocks instead of 5 x 4: the same 20 accumulators,
-// and each block's weights unpacked and codes widened once for twice the rows (per row, block and
-// group ~1.8 operations to unpack and widen instead of ~3.6, next to 8 vpdpbusd and 4 float).
-// Measured on the 2-core Sapphire Rapids-class Xeon (benchmarks/w4a8_tile_cycles.py, weights in
-// cache; benchmarks/RESULTS.md, "w4a8: tiles of 10 rows"): 9 rows 1.11-1.16x the multiply-adds per
-// second, 17 rows 1.07-1.14x, 33 rows 1.07-1.09x; tiles of 8 x 2, 7 x 3, 16 x 1 and 20 x 1 gained less.
-constexpr int kTallRows = 10;
-constexpr int kTallBlocks = 2;
-
-// Blocks [b0, b0 + count): fours, then a pair, then a last single block (pairs and singles of
-// taller tiles over kTileRows rows).
+// Blocks [b0, b0 + count) one after another, each block's rows in balanced tiles of at most kTileRows
+// (each tile unpacks the block's weights once more, and a 1-row tile leaves the integer units idle).
 template <bool kVnni>
 void blocks_avx512(const Problem& p, int64_t b0, int64_t count) {
-  if (p.M > kTileRows) {
-    for (; count >= kTallBlocks; count -= kTallBlocks, b0 += kTallBlocks) {
-      rows_avx512<kTallBlocks, kTallRows, kVnni>(p, b0);
+  for (int64_t b = b0; b < b0 + count; ++b) {
+    for (int64_t m0 = 0, rows = p.M; rows > 0;) {
+      const int64_t tiles = (rows + kTileRows - 1) / kTileRows, tile = (rows + tiles - 1) / tiles;
+      tile_dispatch<kTileRows, kVnni>(p, b, m0, tile);
+      rows -= tile;
+      m0 += tile;
     }
-    if (count) rows_avx512<1, kTallRows, kVnni>(p, b0);
-    return;
   }
-  for (; count >= kTileBlocks; count -= kTileBlocks, b0 += kTileBlocks) {
-    rows_avx512<kTileBlocks, kTileRows, kVnni>(p, b0);
-  }
-  if (count >= 2) {
-    rows_avx512<2, kTileRows, kVnni>(p, b0);
-    count -= 2;
-    b0 += 2;
-  }
-  if (count) rows_avx512<1, kTileRows, kVnni>(p, b0);
 }
 
 // Rows in tiles of at most 5, balanced (6 rows -> 3 + 3, not 5 + 1): a 1-row tile leaves the
