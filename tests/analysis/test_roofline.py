@@ -85,3 +85,21 @@ def test_the_bandwidth_buffer_outgrows_the_last_level_cache(tmp_path, monkeypatc
     measure_bandwidth(repeats=1)
     assert allocated == [400 * 2**20, 256 * 2**20]
 
+
+def test_bandwidth_reads_the_weights_own_pages_where_they_are_large_enough(monkeypatch):
+    """The weight floor reads the decoder's own weight mapping (its placement is the step's), and a
+    buffer of its own only where that mapping is smaller than the probe must be."""
+    import specdec.analysis.roofline as roofline
+
+    timed = []
+    monkeypatch.setattr(roofline, "median_seconds", lambda work, device, repeats: timed.append(work()) or 0.5)
+    allocated = []
+    monkeypatch.setattr(roofline.huge_pages, "zeros",
+                        lambda shape, dtype: allocated.append(shape[0] * dtype.itemsize) or torch.zeros(16))
+    pages = torch.zeros(2**20, dtype=torch.uint8)
+    pages[-4] = 7
+    assert measure_bandwidth(megabytes=1, pages=pages) == 2**20 / 0.5 and allocated == []
+    assert [int(value) for value in timed] == [7]  # the int32 maximum over the pages' bytes: every byte read
+    measure_bandwidth(megabytes=2, pages=pages)  # smaller than 2 MB: a buffer instead
+    assert allocated == [2 * 2**20]
+

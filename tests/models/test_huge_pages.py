@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from conftest import make_model, make_native
+from specdec.analysis.roofline import weight_bytes
 from specdec.models import huge_pages
 from specdec.models.kv_cache import StaticKVCache
 
@@ -49,7 +50,7 @@ def test_moved_tensors_keep_values_layout_and_sharing():
     strides = {name: tensor.stride() for name, tensor in model.state_dict().items()}
     small_address = model.small.weight.data_ptr()
     moved = huge_pages.move_to_huge_pages([model])
-    assert moved == 1024 * 512 * 4 + 2048 * 256 * 4 + 600_000 * 4  # not the biases: under 1 MB
+    assert moved.numel() == 1024 * 512 * 4 + 2048 * 256 * 4 + 600_000 * 4  # not the biases: under 1 MB
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]) and tensor.stride() == strides[name], name
     assert model.head.weight is model.embedding.weight  # still one parameter
@@ -57,6 +58,9 @@ def test_moved_tensors_keep_values_layout_and_sharing():
     assert model.small.weight.data_ptr() == small_address  # below min_bytes: where it was
     for tensor in (model.big.weight, model.embedding.weight, model.table):
         assert _on_huge_pages(tensor)
+        # The returned mapping holds every moved storage: reading it reads what they hold.
+        storage = tensor.untyped_storage()
+        assert moved.data_ptr() <= storage.data_ptr() <= moved.data_ptr() + moved.numel() - storage.nbytes()
     assert not _on_huge_pages(model.small.weight)
     x = torch.randn(3, 512)
     torch.testing.assert_close(model.big(x), x @ before["big.weight"].T + before["big.bias"], rtol=0, atol=0)
@@ -75,7 +79,7 @@ def test_nothing_moves_where_huge_pages_are_unavailable():
     model = Tied()
     address = model.big.weight.data_ptr()
     with mock.patch.object(huge_pages, "huge_pages_unavailable", lambda: "off"):
-        assert huge_pages.move_to_huge_pages([model]) == 0
+        assert huge_pages.move_to_huge_pages([model]).numel() == 0
         assert huge_pages.zeros((1024, 1024), torch.float32).data_ptr() != 0
     assert model.big.weight.data_ptr() == address
 
@@ -98,6 +102,9 @@ def test_native_decoder_and_cache_on_huge_pages_give_the_same_logits():
     placed = make_native(model, quantize="int8")
     assert not _on_huge_pages(plain.decoder.blocks[0].mlp.gate_up.weight_int8)
     assert _on_huge_pages(placed.decoder.blocks[0].mlp.gate_up.weight_int8)
+    # The decoder keeps the mapping for the weight floor, and weight_bytes does not count it twice.
+    assert plain.decoder.weight_pages == () and len(placed.decoder.weight_pages) == 1
+    assert weight_bytes(placed.decoder) == weight_bytes(plain.decoder)
     ids = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     expected = plain.forward(ids, torch.arange(12)[None]).logits
     assert torch.equal(placed.forward(ids, torch.arange(12)[None]).logits, expected)

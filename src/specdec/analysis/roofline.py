@@ -127,13 +127,21 @@ def last_level_cache_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cac
     return max(sizes, default=0)
 
 
-def measure_bandwidth(megabytes: int | None = None, repeats: int = 5) -> float:
-    """Bytes/s of reading a buffer far larger than any last-level cache, with this process's threads:
-    256 MB, or four times the last-level cache where that is larger (VMs on hosts with 480 MB of
-    L3 report it, and a 256 MB sum then partly reads cache). On 2 MB pages where the system gives
-    them, as the native decoder's weights are (models/huge_pages.py): the floor of the same reads."""
+def measure_bandwidth(megabytes: int | None = None, repeats: int = 5, pages: torch.Tensor | None = None) -> float:
+    """Bytes/s of reading memory far larger than any last-level cache, with this process's threads:
+    `pages`, the native decoder's own weight mapping (models/huge_pages.py), where it is that large;
+    else a buffer of 256 MB, or four times the last-level cache where that is larger (VMs on hosts
+    with 480 MB of L3 report it, and a 256 MB sum then partly reads cache), on 2 MB pages where the
+    system gives them. Why the weights' own pages first: on a 2-core Zen 4 VM the same 256 MB buffer
+    read ~34 or ~60 GB/s depending on where it landed, so a buffer of its own measured its placement,
+    not the floor of the reads a step makes (the draft's step at 93% or 55-62% of it in one process;
+    benchmarks/RESULTS.md, "w4a8: one block at a time"). The weights are read by an int32 maximum,
+    which any bytes allow and which streams as fast as a float sum (an int32 sum does not)."""
     if megabytes is None:
         megabytes = min(4096, max(256, 4 * last_level_cache_bytes() // 2**20))
+    if pages is not None and pages.numel() >= megabytes * 2**20 and pages.numel() % 4 == 0:
+        words = pages.view(torch.int32)
+        return pages.numel() / median_seconds(words.amax, pages.device, repeats)
     buffer = huge_pages.zeros((megabytes * 2**20 // 4,), torch.float32).fill_(1.0)
     return buffer.numel() * 4 / median_seconds(buffer.sum, buffer.device, repeats)
 
@@ -162,7 +170,7 @@ def cost_curve(runner, context: int = 512, tokens=TOKENS, repeats: int = 5) -> C
     this machine's floors for them. Leaves the runner's cache empty."""
     decoder = runner.decoder
     tokens = [n for n in tokens if context + n <= runner.max_context]
-    bandwidth = measure_bandwidth()
+    bandwidth = measure_bandwidth(pages=next(iter(getattr(decoder, "weight_pages", ())), None))
     peak, peak_kind = measure_peak(decoder)
     read = weight_bytes(decoder)
     seconds = forward_times(runner, context, tokens, repeats, warmups=1)

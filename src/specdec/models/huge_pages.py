@@ -62,16 +62,19 @@ def _streamed_tensors(modules: list[nn.Module]) -> list[tuple[dict, str, torch.T
 
 
 def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ...] = (),
-                       min_bytes: int = MIN_BYTES) -> int:
+                       min_bytes: int = MIN_BYTES) -> torch.Tensor:
     """Copy the CPU storages of at least `min_bytes` behind these modules' parameters and buffers into
-    one huge-page mapping, in place of the originals; returns the bytes moved (0 where huge pages are
-    unavailable). Values, dtypes, shapes, strides and storage sharing are kept: two tensors that shared
+    one huge-page mapping, in place of the originals; returns that mapping's bytes as one uint8 tensor
+    (the storages one after another, each starting on a 64-byte line; empty where nothing moved, as
+    where huge pages are unavailable): reading it reads what a step streams, on the same pages
+    (analysis/roofline.py's weight floor). Values, dtypes, shapes, strides and storage sharing are kept: two tensors that shared
     a storage share the new one. `keep`: tensors whose storages stay where they are (the native
     decoder's embedding: a step reads a few of its rows, and a tied head that shares it must go on
     sharing it). Call it before anything keeps its own reference to the tensors (the native decoder
     calls it before building its block calls)."""
+    nothing = torch.empty(0, dtype=torch.uint8)
     if huge_pages_unavailable() is not None:
-        return 0
+        return nothing
     kept = {tensor.untyped_storage().data_ptr() for tensor in keep}
     groups: dict[int, list[tuple[dict, str, torch.Tensor]]] = {}  # storage address -> its tensors
     for entry in _streamed_tensors(modules):
@@ -79,9 +82,10 @@ def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ..
         if storage.nbytes() >= min_bytes and storage.data_ptr() not in kept:
             groups.setdefault(storage.data_ptr(), []).append(entry)
     if not groups:
-        return 0
+        return nothing
     sizes = {key: group[0][2].untyped_storage().nbytes() for key, group in groups.items()}
     arena, offset = _huge_mapping(sum(_round_up(size, _ALIGN) for size in sizes.values()))
+    first = offset
     for key in list(groups):
         # One storage at a time, its old copy released before the next is made: the load's peak
         # memory grows by the largest storage, not by the model.
@@ -100,7 +104,7 @@ def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ..
                                         if isinstance(tensor, nn.Parameter) else placed)
             table[name] = replaced[id(tensor)]
         del group, replaced, copy
-    return sum(sizes.values())
+    return torch.frombuffer(arena, dtype=torch.uint8, count=offset - first, offset=first)
 
 
 def _round_up(size: int, multiple: int) -> int:

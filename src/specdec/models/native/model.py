@@ -216,8 +216,11 @@ class NativeDecoder(nn.Module):
         self.norm, self.head = norm, head
         self.rotary = Rotary(config.head_dim, config.rope_theta, device)
         # Before the block calls keep their own references: every step streams the blocks' and the
-        # head's weights, and on 2 MB pages it fetches them faster (models/huge_pages.py).
-        move_to_huge_pages([*self.blocks, self.head], keep=(self.embedding,))
+        # head's weights, and on 2 MB pages it fetches them faster (models/huge_pages.py). The mapping
+        # that holds them (none where nothing moved) is what `specdec doctor` reads for the weight
+        # floor: a tuple, so that analysis/roofline.py's weight_bytes does not count its bytes twice.
+        pages = move_to_huge_pages([*self.blocks, self.head], keep=(self.embedding,))
+        self.weight_pages: tuple[torch.Tensor, ...] = (pages,) if pages.numel() else ()
         self.chain_call = ChainCall.of(self.blocks)  # every block in one call, where they are all w4a8
         self.block_form = BLOCK_FORMS[0]
         # EAGLE-3 reads several layers' features instead of the final one (capture_layers).
