@@ -128,7 +128,8 @@ def main() -> None:
         else:
             both = on_huge_pages([*mine, *theirs])
             packs.append((linear, both[:3], both[3:]))
-    print(f"weights: {'one copy, read by both versions (the same packing)' if packs[0][1] is packs[0][2] else 'a copy per version'}")
+    one_copy = packs[0][1] is packs[0][2]
+    print(f"weights: {'one copy, read by both versions (the same packing)' if one_copy else 'a copy per version'}")
     for rows in args.rows:
         inputs = {linear.in_features: torch.randn(rows, linear.in_features, generator=generator).bfloat16()
                   for linear in linears}

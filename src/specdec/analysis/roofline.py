@@ -170,7 +170,8 @@ def cost_curve(runner, context: int = 512, tokens=TOKENS, repeats: int = 5) -> C
     this machine's floors for them. Leaves the runner's cache empty."""
     decoder = runner.decoder
     tokens = [n for n in tokens if context + n <= runner.max_context]
-    bandwidth = measure_bandwidth(pages=next(iter(getattr(decoder, "weight_pages", ())), None))
+    pages = getattr(decoder, "weight_pages", ())  # the native decoder's weight mapping, where it has one
+    bandwidth = measure_bandwidth(pages=pages[0] if pages else None)
     peak, peak_kind = measure_peak(decoder)
     read = weight_bytes(decoder)
     seconds = forward_times(runner, context, tokens, repeats, warmups=1)

@@ -67,11 +67,11 @@ def move_to_huge_pages(modules: list[nn.Module], *, keep: tuple[torch.Tensor, ..
     one huge-page mapping, in place of the originals; returns that mapping's bytes as one uint8 tensor
     (the storages one after another, each starting on a 64-byte line; empty where nothing moved, as
     where huge pages are unavailable): reading it reads what a step streams, on the same pages
-    (analysis/roofline.py's weight floor). Values, dtypes, shapes, strides and storage sharing are kept: two tensors that shared
-    a storage share the new one. `keep`: tensors whose storages stay where they are (the native
-    decoder's embedding: a step reads a few of its rows, and a tied head that shares it must go on
-    sharing it). Call it before anything keeps its own reference to the tensors (the native decoder
-    calls it before building its block calls)."""
+    (analysis/roofline.py's weight floor). Values, dtypes, shapes, strides and storage sharing are
+    kept: two tensors that shared a storage share the new one. `keep`: tensors whose storages stay
+    where they are (the native decoder's embedding: a step reads a few of its rows, and a tied head
+    that shares it must go on sharing it). Call it before anything keeps its own reference to the
+    tensors (the native decoder calls it before building its block calls)."""
     nothing = torch.empty(0, dtype=torch.uint8)
     if huge_pages_unavailable() is not None:
         return nothing
