@@ -10,6 +10,8 @@ before the draft's cost, at 5x it is a slowdown.
 
   python benchmarks/verify_cost.py [--formats none,int8,int4,w8a8,w4a8] [--context 800]
   python benchmarks/verify_cost.py --model qwen2.5-coder-0.5b    # the draft's step and prefill
+  python benchmarks/verify_cost.py --formats w4a8 --rows 1,2,3,5,9,17 --draft qwen2.5-coder-0.5b
+      # and the draft's forwards in the same process: `specdec replay --costs` prices a draft model with them
   python benchmarks/verify_cost.py --tree --rows 1,8,16,32,64 --formats none,w8a8,w4a8   # tree verification
 
 --tree verifies n nodes of a draft tree instead of a chain: each node sees its
@@ -52,8 +54,9 @@ def random_tree_mask(nodes: int, generator: torch.Generator) -> tuple[torch.Tens
     return mask[None], depths
 
 
-def measure(name: str, quantize: str, context: int, steps: int, rows_list=ROWS, tree: bool = False) -> dict:
-    model = load_model(name, quantize=quantize, progress=False, probe=False)
+def measure(name: str, quantize: str, context: int, steps: int, rows_list=ROWS, tree: bool = False,
+            role: str = "target") -> dict:
+    model = load_model(name, quantize=quantize, progress=False, probe=False, role=role)
     runner = model.runner
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 150_000, (1, context), generator=generator)
@@ -92,6 +95,13 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(map(str, ROWS)),
                         help="tokens per measured forward, comma-separated; the first is the ratios' unit")
     parser.add_argument("--tree", action="store_true", help="verify tree nodes (tree attention mask), not a chain")
+    parser.add_argument("--draft", help="also time this draft model's forwards of --draft-rows tokens (its "
+                                        "default format, --draft-context cached tokens), after the target's, "
+                                        "as the JSON's 'draft' entry")
+    parser.add_argument("--draft-rows", default="1,2,9,64",
+                        help="1-2: a drafting forward; 9: a catch-up after copied steps; 64: a prompt chunk")
+    parser.add_argument("--draft-context", type=int, default=320,
+                        help="the draft reads at most a prompt's last 256 tokens (default: 320)")
     parser.add_argument("--json", default="benchmarks/results/verify_cost.json")
     args = parser.parse_args()
     rows_list = tuple(int(n) for n in args.rows.split(","))
@@ -108,8 +118,17 @@ def main() -> None:
         results.append(row)
         cells = "".join(f"{row['step_ms'][n]:>7.1f} ({row['ratio'][n]:.2f}x)" for n in rows_list)
         print(f"{row['format']:<44}{row['prefill_tok_s']:>14.0f}{cells}", flush=True)
+    output = dict(cpu=cpu_model(), isa=effective_isa(), results=results)
+    if args.draft:
+        draft_rows = tuple(int(n) for n in args.draft_rows.split(","))
+        output["draft"] = draft = measure(args.draft, "auto", args.draft_context, args.steps, draft_rows,
+                                                  role="draft")
+        unit = results[0]["step_ms"][rows_list[0]] if results else float("nan")
+        cells = "".join(f"{draft['step_ms'][n]:>7.1f} ({draft['step_ms'][n] / unit:.2f}x)" for n in draft_rows)
+        print(f"draft {draft['format']:<38}{draft['prefill_tok_s']:>14.0f}{cells}  (x: of the target's step; "
+              f"rows {args.draft_rows})", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(dict(cpu=cpu_model(), isa=effective_isa(), results=results), indent=1))
+    Path(args.json).write_text(json.dumps(output, indent=1))
 
 
 if __name__ == "__main__":

@@ -193,7 +193,9 @@ def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_
     code, text, err = run(capsys, "replay", str(tmp_path / "nothing"))
     assert code == 2 and "no bench results" in err and "Traceback" not in err
     code, text, err = run(capsys, "replay", str(out), "--methods", "draft")
-    assert code == 2 and "ngram and suffix only" in err
+    assert code == 2 and "needs a draft model: --draft NAME" in err
+    code, text, err = run(capsys, "replay", str(out), "--methods", "eagle")
+    assert code == 2 and "not 'eagle'" in err
     broken = tmp_path / "broken.jsonl"
     broken.write_text((out / "results.jsonl").read_text() + "{not json\n")
     code, text, err = run(capsys, "replay", str(broken))
@@ -274,3 +276,30 @@ def test_verify_passes_an_eagle_tree(capsys, model_dirs, trained_heads):
                           "--max-new-tokens", "16")
     assert code == 0, text + err
     assert "PASSED" in text
+
+
+def test_replay_reproduces_a_draft_models_run_and_prices_its_oracle(capsys, model_dirs, tmp_path):
+    """The draft model replayed alone (no target) accepts what the recorded bench run accepted at
+    every step; its oracle, priced with the same costs, decodes at least as fast."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "category": category, "turns": [text]}) + "\n"
+                               for i, (category, text) in enumerate([("copy", "the cat sat on the mat. the cat"),
+                                                                     ("chat", "hello there, how are you")])))
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "bench", *_models(model_dirs), "--prompts", str(prompts), "--methods", "draft",
+                       "--k", "2", "--max-new-tokens", "24", "--out", str(out), "--quiet", "--no-plots")
+    assert code == 0, err
+    report = tmp_path / "replay.json"
+    code, text, err = run(capsys, "replay", str(out), "--draft", model_dirs["draft"], "--draft-cost", "0.3",
+                          "--json", str(report))
+    assert code == 0, err
+    assert "draft k=2: 2/2 turns identical to the recorded run" in text
+    assert "ngram+draft oracle" in text and "draft forwards 0.3 of a step" in text
+    replayed = {row["label"]: row["categories"]["overall"] for row in json.loads(report.read_text())["rows"]}
+    assert replayed["draft oracle"]["speedup"] >= replayed["draft"]["speedup"]
+    # it may copy wherever the copy ceiling does (ngram copies less), and draft on top
+    assert replayed["ngram+draft oracle"]["speedup"] >= replayed["copy ceiling"]["speedup"] - 1e-9
+    assert replayed["copy ceiling"]["speedup"] >= replayed["ngram"]["speedup"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", str(out), "--draft", model_dirs["draft"], "--draft-cost", "-1"])
+    assert exit_info.value.code == 2 and "must be a number in [0, inf)" in capsys.readouterr().err

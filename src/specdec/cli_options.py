@@ -83,6 +83,7 @@ def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str
 
 probability = number_in("[0, 1)", lambda v: 0.0 <= v < 1.0)
 lenience = number_in("(0, 1]", lambda v: 0.0 < v <= 1.0)
+non_negative_float = number_in("[0, inf)", lambda v: 0.0 <= v < math.inf)
 
 
 def number_list(text: str, kind: type, minimum: float, what: str) -> list:

@@ -1,4 +1,5 @@
-"""specdec replay: a bench run's greedy answers through ngram and suffix decoding, with no model.
+"""specdec replay: a bench run's greedy answers through ngram and suffix decoding with no model, and
+through a draft model (its replay and its oracle) with the draft alone.
 
 research_cli.py adds this command's parser beside bench, analyze and verify; the handler is here.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdec.cli_options import int_list, positive_int, results_path
+from specdec.cli_options import int_list, non_negative_float, positive_int, results_path
 
 EPILOG_REPLAY = """\
 examples:
@@ -16,6 +17,9 @@ examples:
   specdec replay benchmarks/results/agent-loop-kernels --k 4,8,16 \\
       --costs benchmarks/results/verify_cost_w4a8_kernels.json   # speed under a CPU's measured costs
   specdec replay bench-results --suffix-spec-factor 2 --suffix-min-prob 0.2   # tune, then bench the winner
+  python benchmarks/verify_cost.py --formats w4a8 --rows 1,2,3,5,9,17 --draft qwen2.5-coder-0.5b --json costs.json
+  specdec replay bench-results --draft qwen2.5-coder-0.5b --k 2,4,8 --costs costs.json
+      # the draft model replayed, and the most any k rule could get from its guesses on this machine
 
 Loads no model. At temperature 0 every lossless method writes plain decoding's
 tokens, and a model-free draft is accepted exactly as far as it agrees with them,
@@ -29,6 +33,15 @@ before (this prompt and answer; in a stream, every earlier prompt and answer):
 no method that copies text accepts more. Speedups are decode only, predicted
 from --costs (benchmarks/verify_cost.py's JSON: an n-token forward over a 1-token
 step on one machine); without it every forward costs one step, roughly a GPU.
+
+With --draft the draft model (loaded alone, no target) drafts too: `draft` and
+`ngram+draft` replayed at each fixed k, each of the draft's forwards priced
+from the "draft" entry of --costs (verify_cost.py --draft, timed in the same
+process as the target) or --draft-cost. The draft oracle knows how far the
+draft's greedy guesses agree with the answer (one teacher-forced forward per
+answer) and drafts each step exactly that many, at most k: no k rule gets more
+from this draft's chains on that machine. The ngram+draft oracle also copies
+the copy ceiling's continuations, whichever is cheaper step by step.
 """
 
 
@@ -39,8 +52,8 @@ def add_replay_command(sub) -> None:
                                            "(no model): exact acceptance, predicted speedup, the copy ceiling",
                             epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("results", help="a `specdec bench` OUT directory (or its results.jsonl)")
-    replay.add_argument("--methods", default="ngram,suffix", help="comma-separated, of ngram and suffix "
-                                                                   "(default: both)")
+    replay.add_argument("--methods", default=None, help="comma-separated, of ngram, suffix, draft and ngram+draft "
+                                                         "(the last two need --draft; default: all that can run)")
     replay.add_argument("--k", default=None,
                         help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
     replay.add_argument("--costs", help="benchmarks/verify_cost.py's JSON from the machine to predict for "
@@ -53,12 +66,22 @@ def add_replay_command(sub) -> None:
                                     ("min-prob", "min_token_prob", float, "lowest estimated probability drafted")):
         replay.add_argument(f"--suffix-{name}", dest=f"suffix_{field}", type=kind, default=None,
                             help=f"{what} (default: the run's)")
+    replay.add_argument("--draft", help="a draft model (embedded name or Hugging Face directory): replay it, and "
+                                        "price its oracle; loads the draft only")
+    replay.add_argument("--draft-quantize", default="auto", choices=("auto", "none", "int8", "int4", "w8a8", "w4a8"),
+                        help="the draft's weights, as in bench (default: auto)")
+    replay.add_argument("--draft-vocab", type=positive_int, default=None,
+                        help="the draft's head scores only this many frequent tokens, as in bench")
+    replay.add_argument("--draft-cost", type=non_negative_float, default=None,
+                        help="every draft forward costs this many target steps (default: the --costs file's "
+                             "draft entry; without either, draft forwards are free)")
     replay.add_argument("--markdown", help="also write the table to this path")
     replay.add_argument("--json", help="also write everything as JSON to this path")
 
 
 def cmd_replay(args) -> int:
-    from specdec.analysis.replay import cost_table, flat_cost, replay_json, replay_markdown, replay_rows
+    from specdec.analysis.replay import (cost_table, draft_cost_table, flat_cost, replay_json, replay_markdown,
+                                         replay_rows)
     from specdec.bench.harness import read_results
     from specdec.proposers.registry import build_proposer
     from specdec.proposers.suffix import SuffixOptions
@@ -67,11 +90,16 @@ def cmd_replay(args) -> int:
     if not path.exists():
         raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
     header, rows = read_results(path)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    model_free, with_draft = ("ngram", "suffix"), ("draft", "ngram+draft")
+    methods = [m.strip() for m in (args.methods or ",".join(model_free + (with_draft if args.draft else ()))).split(",")
+               if m.strip()]
     for method in methods:
-        if method not in ("ngram", "suffix"):
-            raise ValueError(f"replay drafts with the model-free methods ngram and suffix only, not {method!r} "
-                             "(the others' drafts come from models)")
+        if method not in model_free + with_draft:
+            raise ValueError(f"replay drafts with ngram, suffix, draft and ngram+draft only, not {method!r} "
+                             "(heads read the target's features: bench them)")
+        if method in with_draft and not args.draft:
+            raise ValueError(f"{method} needs a draft model: --draft NAME (the bench run's was "
+                             f"{header.get('draft_model') or header.get('draft') or 'not recorded'})")
     if args.k is not None:
         ks = int_list(args.k)  # each >= 1
     else:
@@ -85,10 +113,26 @@ def cmd_replay(args) -> int:
     ngram = dict(ngram_max=args.ngram_max or header.get("ngram_max", 3),
                  ngram_min=args.ngram_min or header.get("ngram_min", 1),
                  ngram_tie_break=header.get("ngram_tie_break", "recent"))
-    proposers = {method: (lambda method=method: build_proposer(method, suffix=options, **ngram)) for method in methods}
     cost, label = (cost_table(args.costs) if args.costs else
                    (flat_cost, "none given: every forward one step (roughly a GPU)"))
-    report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost)
+    draft_cost, oracles, vocab_size, runner = None, None, None, None
+    if args.draft:
+        from specdec.analysis.draft_oracle import CountingRunner, DraftOracles
+        from specdec.models.loader import load_model
+
+        if args.draft_cost is not None:
+            draft_cost, draft_label = (lambda tokens: args.draft_cost), f"draft forwards {args.draft_cost} of a step"
+        else:
+            table = draft_cost_table(args.costs) if args.costs else None
+            draft_cost, draft_label = table if table is not None else (None, "draft forwards free (no draft costs)")
+        label += f"; {draft_label}"
+        draft = load_model(args.draft, quantize=args.draft_quantize, head_vocab=args.draft_vocab, role="draft")
+        runner, vocab_size = CountingRunner(draft.runner), draft.runner.vocab_size
+        oracles = DraftOracles(draft.runner, vocab_size, cost, draft_cost)
+    proposers = {method: (lambda method=method: build_proposer(method, suffix=options, draft_runner=runner, **ngram))
+                 for method in methods}
+    report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost, draft_cost=draft_cost,
+                         max_new_tokens=header.get("max_new_tokens"), vocab_size=vocab_size, oracles=oracles)
     text = replay_markdown(report, label)
     machine = header.get("machine", "?")
     print(f"{len(report[0].totals) - 1} categories of greedy answers from {args.results} "

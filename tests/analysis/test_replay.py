@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.analysis.replay import (RecordedTurn, accepted_length, ceiling_cost, ceiling_steps, copyable_lengths,
-                                     cost_table, replay, tally)
+from specdec.analysis.replay import (RecordedTurn, accepted_length, ceiling_cost, ceiling_steps, cheapest_path,
+                                     copyable_lengths, cost_table, draft_cost_table, replay, tally)
 from specdec.proposers.registry import build_proposer
 from specdec.proposers.suffix import SuffixOptions
 
@@ -104,6 +104,42 @@ def test_the_ceilings_cost_is_the_cheapest_path(lengths, eos, slope):
     assert ceiling_cost(turn, lengths, cost) <= sum(cost(1 + a) for a in greedy.drafted) + 1e-9
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=3)),
+                min_size=2, max_size=6), st.booleans(), st.floats(min_value=0.0, max_value=0.8))
+def test_the_cheapest_path_over_two_sources_picks_each_steps_cheaper_one(pairs, eos, per_token):
+    """A draft model's tokens cost per_token each, a copy's nothing: the dynamic programme's time
+    is the least over every way through the answer, each step from one source."""
+    copies, drafts = [0] + [c for c, _ in pairs[1:]], [0] + [d for _, d in pairs[1:]]
+    turn = _turn([0], list(range(len(copies))), eos=eos)
+
+    def cost(rows):
+        return 1.0 + 0.3 * (rows - 1)
+
+    time, steps = cheapest_path(turn, [(copies, 0.0), (drafts, per_token)], cost)
+    # by enumeration: a step may take up to the larger of the two; a take beyond the copy pays per token
+    either = [max(c, d) for c, d in zip(copies, drafts)]
+
+    best = float("inf")
+    for choices in itertools.product(range(max(either) + 1), repeat=len(copies)):
+        position, total = 1, 0.0
+        for take in choices:
+            if position >= len(copies):
+                break
+            if take > either[position]:
+                total = float("inf")
+                break
+            remaining = len(copies) - position
+            accepted, committed = ((remaining, remaining) if eos and take >= remaining
+                                   else (min(take, remaining - 1), min(take, remaining - 1) + 1))
+            total += cost(1 + accepted) + (0.0 if accepted <= copies[position] else accepted * per_token)
+            position += committed
+        if position >= len(copies):
+            best = min(best, total)
+    assert time == pytest.approx(best)
+    assert sum(a + 1 for a in steps.accepted) >= len(copies) - 1
+
+
 def test_tallies_count_the_prefill_as_bench_does():
     turn = _turn([1, 2, 3], [4, 1, 2, 3, 5])
     steps = ceiling_steps(turn, copyable_lengths([turn], 4, False)[0])
@@ -125,3 +161,18 @@ def test_cost_tables_interpolate_what_verify_cost_measured(tmp_path):
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a verify_cost.py result"):
         cost_table(path)
+
+
+def test_a_draft_entry_prices_the_draft_in_the_targets_steps(tmp_path):
+    path = tmp_path / "costs.json"
+    target = {"format": "m", "step_ms": {"1": 40.0, "5": 56.0}, "ratio": {"1": 1.0, "5": 1.4}}
+    path.write_text(json.dumps({"results": [target]}))
+    assert draft_cost_table(path) is None  # no draft timed: the caller decides
+    path.write_text(json.dumps({"results": [target], "draft": {"format": "d", "step_ms": {"1": 10.0, "2": 10.4,
+                                                                                            "64": 60.0}}}))
+    draft_cost, label = draft_cost_table(path)
+    assert draft_cost(1) == pytest.approx(0.25) and draft_cost(2) == pytest.approx(0.26)
+    assert draft_cost(64) == pytest.approx(1.5) and "0.25 of a target step" in label
+    path.write_text(json.dumps({"results": [{"ratio": {"1": 1.0, "5": 1.4}}], "draft": {"step_ms": {"1": 10.0}}}))
+    with pytest.raises(ValueError, match="draft entry needs step_ms"):
+        draft_cost_table(path)

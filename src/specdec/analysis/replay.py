@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from specdec.proposers.base import Proposer, ProposeContext
+from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling.params import SamplingParams
 
 CostFn = Callable[[int], float]  # rows of a forward -> its time in 1-token steps
@@ -57,10 +58,12 @@ class RecordedTurn:
 
 @dataclass
 class TurnSteps:
-    """What each decode step after the prefill drafted and accepted (the prefill writes token 0)."""
+    """What each decode step after the prefill drafted and accepted (the prefill writes token 0), and
+    the tokens of each forward a draft model ran in it (model-free proposers run none)."""
 
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    draft_reads: list[tuple[int, ...]] = field(default_factory=list)
 
 
 def recorded_turns(rows: Iterable[dict], method: str = "autoregressive") -> list[RecordedTurn]:
@@ -104,42 +107,60 @@ def _committed(accepted: int, remaining: int, ended_by_eos: bool) -> tuple[int, 
     return accepted, accepted + 1
 
 
-def replay(turns: Sequence[RecordedTurn], proposer: Proposer, k: int, stream: bool) -> list[TurnSteps]:
+def replay(turns: Sequence[RecordedTurn], proposer: Proposer | BatchProposer, k: int, stream: bool,
+           max_new_tokens: int | None = None, vocab_size: int | None = None) -> list[TurnSteps]:
     """Each turn's steps as the engine would run them with `proposer` at a fixed k, greedy.
+
+    The proposer is driven as the engine's step drives it (engine/step.py): one row, each step's k
+    capped by the tokens the request may still write (max_new_tokens, the bench run's), no proposal
+    where that cap is 0. A draft model (analysis/draft_oracle.py's CountingRunner) also notes the
+    tokens of each forward it ran, for its time. vocab_size: the target's logits' width, which a
+    draft model's logits are cut or padded to (default: one past the largest token seen, enough for
+    a point-mass proposer).
 
     stream: one stream of requests (`bench --stream`, a server): a proposer that learns across
     requests (suffix decoding's end_request) keeps every earlier answer. Otherwise it forgets
     them at each new prompt, as `specdec bench` does without --stream (turns of one multi-turn
     prompt still follow each other).
     """
-    vocab = 1 + max(max(t.prompt_ids + t.output_ids) for t in turns) if turns else 1
+    if vocab_size is None:
+        vocab_size = 1 + max(max(t.prompt_ids + t.output_ids) for t in turns) if turns else 1
+    batch = as_batch(proposer)
+    runner = getattr(batch, "runner", None) or getattr(getattr(batch, "draft", None), "runner", None)
     params = SamplingParams(temperature=0.0)
     results = []
     previous_question = None
     for turn in turns:
         if not stream and turn.question_id != previous_question:
-            proposer.forget_earlier_requests()
+            batch.forget_earlier_requests()
         previous_question = turn.question_id
-        proposer.reset()
+        batch.start_row(0)
         answer = turn.output_ids
+        limit = max_new_tokens if max_new_tokens is not None else len(answer)
         context = list(turn.prompt_ids) + [answer[0]]
         steps = TurnSteps()
         position = 1
         while position < len(answer):
-            ctx = ProposeContext(torch.tensor([context]), params, None, vocab)
-            proposal = proposer.propose(ctx, k)
-            count = int(proposal.num_tokens[0])
-            tokens = proposal.token_ids[0, :count].tolist()
-            tree = proposal.tree()
-            parents = None if tree is None else tree[:count]
+            reads_before = len(getattr(runner, "reads", ()))
+            cap = min(k, limit - position - 1)  # the engine's: k + 1 tokens must fit in what is left
+            width, count, tokens, parents = 0, 0, [], None
+            if cap >= 1:
+                ctx = ProposeContext(torch.tensor([context]), params, None, vocab_size)
+                proposal = batch.propose([ctx], [cap])
+                width, count = proposal.token_ids.shape[1], int(proposal.num_tokens[0])
+                tokens = proposal.token_ids[0, :count].tolist()
+                tree = proposal.tree()
+                parents = None if tree is None else tree[:count]
             accepted, committed = _committed(accepted_length(tokens, parents, answer[position:]),
                                              len(answer) - position, turn.ended_by_eos)
-            proposer.on_verified(torch.tensor([accepted]))
+            if width:  # as the step: a proposal of no tokens (a draft reading its prompt) is not verified
+                batch.on_verified(torch.tensor([accepted]))
             context += answer[position:position + committed]
             position += committed
             steps.drafted.append(count)
             steps.accepted.append(accepted)
-        proposer.end_request(list(turn.prompt_ids), list(answer))
+            steps.draft_reads.append(tuple(getattr(runner, "reads", ())[reads_before:]))
+        batch.end_row(0, list(turn.prompt_ids), list(answer))
         results.append(steps)
     return results
 
@@ -208,13 +229,48 @@ def ceiling_steps(turn: RecordedTurn, lengths: Sequence[int]) -> TurnSteps:
 def ceiling_cost(turn: RecordedTurn, lengths: Sequence[int], cost: CostFn) -> float:
     """The least decode time (in 1-token steps) of any copying method through this answer: each
     step may take 0..lengths[p] drafted tokens, all accepted, at cost(1 + drafted)."""
+    return cheapest_path(turn, [(lengths, 0.0)], cost)[0]
+
+
+def cheapest_path(turn: RecordedTurn, sources: Sequence[tuple[Sequence[int], float]],
+                  cost: CostFn) -> tuple[float, TurnSteps]:
+    """The least decode time through this answer, and its steps, when each step may draft from any
+    one source: (lengths, per_token) lets a step take 0..lengths[p] of its drafted tokens, all
+    accepted, at cost(1 + drafted) + drafted * per_token (a draft model's forwards; a copy's are free).
+
+    A dynamic programme from the answer's end: the oracle that knows where each source's guesses
+    stop agreeing with the answer, and picks each step's source and length to be cheapest overall."""
     n = len(turn.output_ids)
     best = [0.0] * (n + 1)
+    choice = [(0, 0)] * (n + 1)  # per position: (accepted, committed) of the cheapest step from there
     for position in range(n - 1, 0, -1):
-        best[position] = min(cost(1 + accepted) + best[position + committed]
-                             for accepted, committed in (_committed(a, n - position, turn.ended_by_eos)
-                                                         for a in range(lengths[position] + 1)))
-    return best[1]
+        best[position] = float("inf")
+        for lengths, per_token in sources:
+            for take in range(lengths[position] + 1):
+                accepted, committed = _committed(take, n - position, turn.ended_by_eos)
+                time = cost(1 + accepted) + accepted * per_token + best[position + committed]
+                if time < best[position]:
+                    best[position], choice[position] = time, (accepted, committed)
+    steps = TurnSteps()
+    position = 1
+    while position < n:
+        accepted, committed = choice[position]
+        steps.drafted.append(accepted)
+        steps.accepted.append(accepted)
+        position += committed
+    return best[1] if n > 1 else 0.0, steps
+
+
+def _interpolated(points: Sequence[tuple[int, float]]) -> CostFn:
+    """Linear between the measured points, and beyond the last two along their line."""
+    def cost(rows: int) -> float:
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if rows <= x1:
+                return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        return y1 + (y1 - y0) * (rows - x1) / (x1 - x0)
+
+    return cost
 
 
 def cost_table(path: str | Path) -> tuple[CostFn, str]:
@@ -228,16 +284,25 @@ def cost_table(path: str | Path) -> tuple[CostFn, str]:
         raise ValueError(f"{path}: not a verify_cost.py result (no results[0].ratio)") from error
     if len(points) < 2 or points[0][0] != 1:
         raise ValueError(f"{path}: needs the 1-token step and at least one longer forward")
-
-    def cost(rows: int) -> float:
-        for (x0, y0), (x1, y1) in zip(points, points[1:]):
-            if rows <= x1:
-                return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
-        (x0, y0), (x1, y1) = points[-2], points[-1]
-        return y1 + (y1 - y0) * (rows - x1) / (x1 - x0)
-
     where = f"{data.get('cpu', '?')} {data.get('isa', '')}".strip()
-    return cost, f"{where}, {result.get('format', '?')}"
+    return _interpolated(points), f"{where}, {result.get('format', '?')}"
+
+
+def draft_cost_table(path: str | Path) -> tuple[CostFn, str] | None:
+    """draft_cost(tokens): a draft model's forward over that many tokens in target steps, from the
+    draft that `benchmarks/verify_cost.py --draft` timed in the same process as the target (its
+    "draft" entry over results[0]'s 1-token step); None where the file has no draft."""
+    data = json.loads(Path(path).read_text())
+    if "draft" not in data:
+        return None
+    try:
+        step = float(data["results"][0]["step_ms"]["1"])
+        points = sorted((int(rows), float(ms) / step) for rows, ms in data["draft"]["step_ms"].items())
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise ValueError(f"{path}: its draft entry needs step_ms, and results[0] the 1-token step") from error
+    if len(points) < 2:
+        raise ValueError(f"{path}: the draft needs at least two measured forwards")
+    return _interpolated(points), f"{data['draft'].get('format', 'draft')}: {points[0][1]:.2f} of a target step"
 
 
 def flat_cost(rows: int) -> float:
@@ -271,12 +336,21 @@ class Tally:
         return (self.tokens - self.turns) / self.time if self.time else 1.0
 
 
+def step_time(steps: TurnSteps, cost: CostFn, draft_cost: CostFn | None = None) -> float:
+    """A turn's decode time in 1-token target steps: each step's verification, cost(1 + drafted), and
+    each draft-model forward it ran, draft_cost(tokens read) (None: a draft model's forwards are free)."""
+    verify = sum(cost(1 + d) for d in steps.drafted)
+    if draft_cost is None:
+        return verify
+    return verify + sum(draft_cost(tokens) for reads in steps.draft_reads for tokens in reads)
+
+
 def tally(turns: Sequence[RecordedTurn], steps: Sequence[TurnSteps], cost: CostFn,
-          times: Sequence[float] | None = None) -> dict[str, Tally]:
-    """Per category and "overall": totals; times (decode time per turn) default to cost(1 + drafted) per step."""
+          times: Sequence[float] | None = None, draft_cost: CostFn | None = None) -> dict[str, Tally]:
+    """Per category and "overall": totals; times (decode time per turn) default to step_time()."""
     totals: dict[str, Tally] = {}
     for index, (turn, turn_steps) in enumerate(zip(turns, steps)):
-        time = times[index] if times is not None else sum(cost(1 + d) for d in turn_steps.drafted)
+        time = times[index] if times is not None else step_time(turn_steps, cost, draft_cost)
         for key in (turn.category, "overall"):
             totals.setdefault(key, Tally()).add(turn, turn_steps, time)
     return totals
@@ -293,6 +367,16 @@ def recorded_steps(rows: Iterable[dict], method: str, k: int) -> list[list[int]]
     return found or None
 
 
+def _clipped_at_end(accepted: list[int], answer_length: int) -> list[int]:
+    """A recorded turn's accepted tokens per step, its last step's cut to the tokens the answer had
+    left: where the end of text was drafted and accepted, the engine also counts the drafts after it
+    that the target happened to agree with, and the answer has no tokens there to replay."""
+    if not accepted:
+        return accepted
+    left = answer_length - 1 - sum(a + 1 for a in accepted[:-1])
+    return accepted[:-1] + [min(accepted[-1], left)]
+
+
 @dataclass(frozen=True)
 class ReplayRow:
     """One line of the report: a method at a k (or the copy ceiling) and its per-category tallies."""
@@ -303,9 +387,15 @@ class ReplayRow:
     recorded_check: str | None = None  # "14/14 turns identical to the recorded run", where one exists
 
 
-def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer]], ks: Sequence[int],
-                stream: bool, cost: CostFn) -> list[ReplayRow]:
-    """Every proposer at every k, then the copy ceiling at every k, over the run's greedy answers."""
+Oracles = Callable[[Sequence[RecordedTurn], int, list[list[int]]], list["ReplayRow"]]
+
+
+def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer | BatchProposer]], ks: Sequence[int],
+                stream: bool, cost: CostFn, *, draft_cost: CostFn | None = None, max_new_tokens: int | None = None,
+                vocab_size: int | None = None, oracles: Oracles | None = None) -> list[ReplayRow]:
+    """Every proposer at every k, then the copy ceiling at every k, over the run's greedy answers;
+    then oracles(turns, k, the copy ceiling's lengths)'s rows (a draft model's: analysis/draft_oracle.py).
+    draft_cost prices a draft model's forwards (None: free); max_new_tokens and vocab_size as replay()'s."""
     turns = recorded_turns(rows)
     if not turns:
         raise ValueError("the results hold no greedy plain-decoding answers (bench runs autoregressive at "
@@ -313,17 +403,20 @@ def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer
     report = []
     for k in ks:
         for method, make in proposers.items():
-            steps = replay(turns, make(), k, stream)
+            steps = replay(turns, make(), k, stream, max_new_tokens, vocab_size)
             recorded = recorded_steps(rows, method, k)
             check = None
             if recorded is not None:
-                same = sum(a.accepted == b for a, b in zip(steps, recorded))
+                same = sum(a.accepted == _clipped_at_end(b, len(turn.output_ids))
+                           for a, b, turn in zip(steps, recorded, turns))
                 check = f"{same}/{len(recorded)} turns identical to the recorded run"
-            report.append(ReplayRow(method, k, tally(turns, steps, cost), check))
+            report.append(ReplayRow(method, k, tally(turns, steps, cost, draft_cost=draft_cost), check))
         lengths = copyable_lengths(turns, k, stream)
         oracle = [ceiling_steps(turn, row) for turn, row in zip(turns, lengths)]
         cheapest = [ceiling_cost(turn, row, cost) for turn, row in zip(turns, lengths)]
         report.append(ReplayRow("copy ceiling", k, tally(turns, oracle, cost, cheapest)))
+        if oracles is not None:
+            report += oracles(turns, k, lengths)
     return report
 
 
@@ -345,6 +438,11 @@ def replay_markdown(report: Sequence[ReplayRow], costs_label: str) -> str:
                   "step, the longest continuation seen anywhere before it (this prompt and answer, and in a "
                   "stream every earlier one): no method that copies can accept more, and its speedup is the "
                   "cheapest path the ceiling allows under these costs."]
+    if any(row.label.endswith("oracle") for row in report):
+        lines += ["", "A draft oracle drafts, at each step, exactly as many of the draft model's greedy guesses as "
+                      "the answer continues (at most k), paying one draft forward a token and the prompt's window "
+                      "once: no k rule gets more from this draft's chains. The ngram+draft oracle may copy the "
+                      "copy ceiling's continuation instead, step by step, whichever is cheaper."]
     return "\n".join(lines)
 
 
