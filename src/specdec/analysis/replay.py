@@ -6,7 +6,9 @@ point-mass draft (ngram, suffix) is accepted exactly as far as it agrees with th
 answers of a `specdec bench` run (results.jsonl keeps every turn's prompt_ids and token_ids) are
 all it takes to know what ngram or suffix decoding would accept, for any k and any of their
 options: seconds on any machine, not the hour of a bench run. A recorded run of the same method
-and fixed k checks the replay itself: its accepted tokens per step must come out the same.
+and fixed k checks the replay itself: its accepted tokens per step must come out the same. A draft
+model's greedy chain is accepted the same way, so replay() drives it too, loaded alone, without
+the target (analysis/draft_oracle.py: its forwards priced, and its oracle).
 
 Two things follow from the same answers:
   replay        each proposer drafts from the context as the engine would give it (prompt and
