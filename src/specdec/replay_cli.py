@@ -21,7 +21,7 @@ examples:
   specdec replay bench-results --draft qwen2.5-coder-0.5b --k 2,4,8 --costs costs.json
       # the draft model replayed, and the most any k rule could get from its guesses on this machine
 
-Loads no model. At temperature 0 every lossless method writes plain decoding's
+Without --draft it loads no model. At temperature 0 every lossless method writes plain decoding's
 tokens, and a model-free draft is accepted exactly as far as it agrees with them,
 so the greedy answers a `specdec bench` run recorded (run the bench with --stream
 for agent loops and servers) tell what ngram and suffix decoding accept at each
@@ -49,7 +49,8 @@ def add_replay_command(sub) -> None:
     import argparse
 
     replay = sub.add_parser("replay", help="replay a bench run's greedy answers through ngram and suffix decoding "
-                                           "(no model): exact acceptance, predicted speedup, the copy ceiling",
+                                           "(no model) or a draft model (no target): exact acceptance, predicted "
+                                           "speedup, the copy ceiling and the draft's oracle",
                             epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("results", help="a `specdec bench` OUT directory (or its results.jsonl)")
     replay.add_argument("--methods", default=None, help="comma-separated, of ngram, suffix, draft and ngram+draft "
