@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from specdec.cli_options import int_list, non_negative_float, positive_int, results_path
+from specdec.config import QUANTIZATIONS
 
 EPILOG_REPLAY = """\
 examples:
@@ -69,7 +70,7 @@ def add_replay_command(sub) -> None:
                             help=f"{what} (default: the run's)")
     replay.add_argument("--draft", help="a draft model (embedded name or Hugging Face directory): replay it, and "
                                         "price its oracle; loads the draft only")
-    replay.add_argument("--draft-quantize", default="auto", choices=("auto", "none", "int8", "int4", "w8a8", "w4a8"),
+    replay.add_argument("--draft-quantize", default="auto", choices=["auto", *QUANTIZATIONS],
                         help="the draft's weights, as in bench (default: auto)")
     replay.add_argument("--draft-vocab", type=positive_int, default=None,
                         help="the draft's head scores only this many frequent tokens, as in bench")
@@ -133,7 +134,8 @@ def cmd_replay(args) -> int:
     proposers = {method: (lambda method=method: build_proposer(method, suffix=options, draft_runner=runner, **ngram))
                  for method in methods}
     report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost, draft_cost=draft_cost,
-                         max_new_tokens=header.get("max_new_tokens"), vocab_size=vocab_size, oracles=oracles)
+                         max_new_tokens=header.get("max_new_tokens"), vocab_size=vocab_size, forwards=runner,
+                         oracles=oracles)
     text = replay_markdown(report, label)
     machine = header.get("machine", "?")
     print(f"{len(report[0].totals) - 1} categories of greedy answers from {args.results} "

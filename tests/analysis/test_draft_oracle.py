@@ -51,7 +51,7 @@ def test_agreement_runs_are_what_the_draft_proposer_gets_accepted(draft_and_turn
     counting = CountingRunner(runner)
     proposer = DraftModelProposer(counting, context_window=window)
     for turn, row, steps in zip(turns, runs, replay(turns, proposer, 3, stream=False, max_new_tokens=40,
-                                                    vocab_size=VOCAB)):
+                                                    vocab_size=VOCAB, forwards=counting)):
         position, checked = 1, 0
         for drafted, accepted in zip(steps.drafted, steps.accepted):
             if drafted:
@@ -73,8 +73,9 @@ def test_the_oracle_costs_no_more_than_the_replayed_draft(draft_and_turns):
         return 0.3 + 0.01 * tokens
 
     for k in (1, 2, 4):
-        replayed = replay(turns, DraftModelProposer(CountingRunner(runner)), k, stream=False, max_new_tokens=40,
-                          vocab_size=VOCAB)
+        counting = CountingRunner(runner)
+        replayed = replay(turns, DraftModelProposer(counting), k, stream=False, max_new_tokens=40,
+                          vocab_size=VOCAB, forwards=counting)
         for turn, row, steps in zip(turns, runs, replayed):
             time, best = draft_oracle(turn, row, k, cost, draft_cost, 256)
             assert time <= step_time(steps, cost, draft_cost) + 1e-9

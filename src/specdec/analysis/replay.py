@@ -110,15 +110,15 @@ def _committed(accepted: int, remaining: int, ended_by_eos: bool) -> tuple[int, 
 
 
 def replay(turns: Sequence[RecordedTurn], proposer: Proposer | BatchProposer, k: int, stream: bool,
-           max_new_tokens: int | None = None, vocab_size: int | None = None) -> list[TurnSteps]:
+           max_new_tokens: int | None = None, vocab_size: int | None = None, forwards=None) -> list[TurnSteps]:
     """Each turn's steps as the engine would run them with `proposer` at a fixed k, greedy.
 
     The proposer is driven as the engine's step drives it (engine/step.py): one row, each step's k
-    capped by the tokens the request may still write (max_new_tokens, the bench run's), no proposal
-    where that cap is 0. A draft model (analysis/draft_oracle.py's CountingRunner) also notes the
-    tokens of each forward it ran, for its time. vocab_size: the target's logits' width, which a
-    draft model's logits are cut or padded to (default: one past the largest token seen, enough for
-    a point-mass proposer).
+    capped by the tokens the request may still write (max_new_tokens, the bench run's; None: k as
+    it is), no proposal where that cap is 0. forwards: the CountingRunner (analysis/draft_oracle.py)
+    a draft model's proposer runs on; each step records the forwards it noted, for their time.
+    vocab_size: the target's logits' width, which a draft model's logits are cut or padded to
+    (default: one past the largest token seen, enough for a point-mass proposer).
 
     stream: one stream of requests (`bench --stream`, a server): a proposer that learns across
     requests (suffix decoding's end_request) keeps every earlier answer. Otherwise it forgets
@@ -128,7 +128,7 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer | BatchProposer, k:
     if vocab_size is None:
         vocab_size = 1 + max(max(t.prompt_ids + t.output_ids) for t in turns) if turns else 1
     batch = as_batch(proposer)
-    runner = getattr(batch, "runner", None) or getattr(getattr(batch, "draft", None), "runner", None)
+    reads = [] if forwards is None else forwards.reads  # tokens of each draft forward, as they are run
     params = SamplingParams(temperature=0.0)
     results = []
     previous_question = None
@@ -138,13 +138,13 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer | BatchProposer, k:
         previous_question = turn.question_id
         batch.start_row(0)
         answer = turn.output_ids
-        limit = max_new_tokens if max_new_tokens is not None else len(answer)
         context = list(turn.prompt_ids) + [answer[0]]
         steps = TurnSteps()
         position = 1
         while position < len(answer):
-            reads_before = len(getattr(runner, "reads", ()))
-            cap = min(k, limit - position - 1)  # the engine's: k + 1 tokens must fit in what is left
+            reads_before = len(reads)
+            # The engine's cap: k + 1 tokens must fit in what the request may still write.
+            cap = k if max_new_tokens is None else min(k, max_new_tokens - position - 1)
             width, count, tokens, parents = 0, 0, [], None
             if cap >= 1:
                 ctx = ProposeContext(torch.tensor([context]), params, None, vocab_size)
@@ -161,7 +161,7 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer | BatchProposer, k:
             position += committed
             steps.drafted.append(count)
             steps.accepted.append(accepted)
-            steps.draft_reads.append(tuple(getattr(runner, "reads", ())[reads_before:]))
+            steps.draft_reads.append(tuple(reads[reads_before:]))
         batch.end_row(0, list(turn.prompt_ids), list(answer))
         results.append(steps)
     return results
@@ -394,10 +394,10 @@ Oracles = Callable[[Sequence[RecordedTurn], int, list[list[int]]], list["ReplayR
 
 def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer | BatchProposer]], ks: Sequence[int],
                 stream: bool, cost: CostFn, *, draft_cost: CostFn | None = None, max_new_tokens: int | None = None,
-                vocab_size: int | None = None, oracles: Oracles | None = None) -> list[ReplayRow]:
+                vocab_size: int | None = None, forwards=None, oracles: Oracles | None = None) -> list[ReplayRow]:
     """Every proposer at every k, then the copy ceiling at every k, over the run's greedy answers;
     then oracles(turns, k, the copy ceiling's lengths)'s rows (a draft model's: analysis/draft_oracle.py).
-    draft_cost prices a draft model's forwards (None: free); max_new_tokens and vocab_size as replay()'s."""
+    draft_cost prices a draft model's forwards (None: free); max_new_tokens, vocab_size and forwards as replay()'s."""
     turns = recorded_turns(rows)
     if not turns:
         raise ValueError("the results hold no greedy plain-decoding answers (bench runs autoregressive at "
@@ -405,7 +405,7 @@ def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer
     report = []
     for k in ks:
         for method, make in proposers.items():
-            steps = replay(turns, make(), k, stream, max_new_tokens, vocab_size)
+            steps = replay(turns, make(), k, stream, max_new_tokens, vocab_size, forwards)
             recorded = recorded_steps(rows, method, k)
             check = None
             if recorded is not None:
