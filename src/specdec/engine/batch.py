@@ -55,11 +55,12 @@ class RowUpdate:
     handle: Hashable  # the caller's name for the request
     token_ids: list[int]  # committed this step
     text: str  # new text that is safe to show (held back: partial UTF-8, a possible stop string)
-    finish_reason: str | None  # "eos" | "stop" | "length" on the request's last update
+    finish_reason: str | None  # "eos" | "stop" | "length" | "error" on the request's last update
     stats: RequestStats  # the request's running totals
     drafted: int = 0  # this step's drafts for the request
     accepted: int = 0  # of which accepted
     logprobs: list[TokenLogprob] | None = None  # token_ids' log-probabilities, where the request asked
+    error: str | None = None  # finish_reason "error": why this request failed (the others run on)
 
 
 @dataclass
@@ -354,29 +355,48 @@ class BatchEngine:
                                    [row.handle for row in rows])
         if batch == 1:  # --tree-size auto learns what one row's tree costs and brings
             record_tree_step(self.proposer, result)
-        updates, finished = [], []
+        updates, finished, failed = [], [], set()
         now = time.perf_counter()
         for b, row in enumerate(rows):
-            before = len(row.request.token_logprobs)
-            kept = commit_row(row, result, b, self.max_context)
-            row.stats.decode_time_s = now - row.decode_started
-            if kept and not row.stats.first_token_s:
-                row.stats.first_token_s = now - row.admitted
-            text = row.request.text_delta() if self.tokenizer is not None else ""
-            logprobs = row.request.token_logprobs[before:] if row.request.logprobs is not None else None
-            updates.append(RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats,
-                                     result.drafted[b], result.accepted[b], logprobs))
-            if row.request.finished:
+            update = self._commit(row, result, b, now)
+            updates.append(update)
+            if update.error is not None:
+                failed.add(b)
+            if update.finish_reason is not None:
                 finished.append(b)
         for b in reversed(finished):  # descending, so packing never moves a row still to be freed
-            if self.proposer is not None:
+            if self.proposer is not None and b not in failed:
                 self.proposer.end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
-            parked = self._parkable(b) if self.prompt_cache else None
+            # A failed row's cache may be half-written: never parked for later prompts.
+            parked = self._parkable(b) if self.prompt_cache and b not in failed else None
             self._free(b, keep=parked is not None)
             if parked is not None:  # the freed row, now the first free one, holds it
                 self._parked[self.running] = parked
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates
+
+    def _commit(self, row: _Running, result, b: int, now: float) -> RowUpdate:
+        """Step 6 for row b (commit_row), as the row's update. A failure that is the row's own (its
+        verification: engine/step.py's errors; its stop strings or detokenizing here) ends that row
+        with finish_reason "error", and every other row runs on."""
+        before = len(row.request.token_logprobs)
+        error = result.errors[b] if result.errors else None
+        kept, text = [], ""
+        if error is None:
+            try:
+                kept = commit_row(row, result, b, self.max_context)
+                text = row.request.text_delta() if self.tokenizer is not None else ""
+            except Exception as failure:  # noqa: BLE001 - this request's own, reported to its client
+                error = f"{type(failure).__name__}: {failure}"
+        row.stats.decode_time_s = now - row.decode_started
+        if kept and not row.stats.first_token_s:
+            row.stats.first_token_s = now - row.admitted
+        logprobs = row.request.token_logprobs[before:] if row.request.logprobs is not None else None
+        if error is not None:
+            row.request.finish("error")
+            return RowUpdate(row.handle, [], "", "error", row.stats, result.drafted[b], 0, None, error)
+        return RowUpdate(row.handle, kept, text, row.request.finish_reason, row.stats,
+                         result.drafted[b], result.accepted[b], logprobs)
 
     def _free(self, row: int, keep: bool = False) -> None:
         """Pack: the last decoding row moves into the freed one, and the rows being prefilled follow.

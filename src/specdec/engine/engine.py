@@ -24,6 +24,11 @@ from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
 
 
+class GenerationError(RuntimeError):
+    """The request failed on its own (e.g. the target's logits held no token to emit); nothing
+    wrong was emitted before it."""
+
+
 @dataclass
 class StreamChunk:
     text: str  # new text since the previous chunk
@@ -113,7 +118,10 @@ class SpecEngine:
         try:
             self.engine.add(0, request)
             while self.engine.running:
-                yield from self.engine.step()
+                for update in self.engine.step():
+                    if update.error is not None:  # the request's own failure (engine/batch.py's _commit)
+                        raise GenerationError(update.error)
+                    yield update
         finally:
             if self.engine.running:  # given up mid-stream, or an error: nothing may stay running
                 self.engine.clear()

@@ -37,7 +37,7 @@ from specdec.sampling.params import SamplingParams
 from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
 from specdec.sampling.tree import TreeVerifyResult, greedy_verify_tree, sample_verify_tree, tree_attention_mask, \
     tree_depths, typical_verify_tree
-from specdec.sampling.warp import warp_logits
+from specdec.sampling.warp import greedy_tokens, warp_logits
 
 
 @dataclass
@@ -66,6 +66,7 @@ class StepResult:
     forward_tokens: int  # tokens in the forward, lookahead windows and padding included
     propose_s: float  # the proposer's time
     verify_s: float  # the forward and verification, rollback included
+    errors: list[str | None] = field(default_factory=list)  # row b's own failure (it commits nothing), or None
 
 
 def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks: Sequence[int]) -> StepResult:
@@ -114,17 +115,23 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
 
     # 3-4. Verify each row alone: its own width, params and generator.
     drafted = proposal.num_tokens.tolist()  # host sync: commit code
-    verified, accepted, kept_inputs = [], [], []
+    verified, accepted, kept_inputs, errors = [], [], [], []
     for b, row in enumerate(rows):
         width = drafted[b]
         probs = None if proposal.probs is None else proposal.probs[b:b + 1, :width]
         row_proposal = DraftProposal(draft_ids[b:b + 1, :width], proposal.num_tokens[b:b + 1], probs,
                                      trees=None if trees[b] is None else (trees[b],))
-        row_accepted, tokens, inputs = verify_proposal(row_proposal, logits[b:b + 1, :width + 1],
-                                                       row.request.params, row.generator)
+        try:  # a row's own failure (its sampling state, its logits) fails that row alone
+            row_accepted, tokens, inputs = verify_proposal(row_proposal, logits[b:b + 1, :width + 1],
+                                                           row.request.params, row.generator)
+            check_vocabulary(tokens, target.vocab_size)
+            error = None
+        except Exception as failure:  # noqa: BLE001 - reported to the row's client, never emitted
+            row_accepted, tokens, inputs, error = 0, [], [0], f"{type(failure).__name__}: {failure}"
         accepted.append(row_accepted)
         verified.append(tokens)
         kept_inputs.append(inputs)
+        errors.append(error)
 
     # 5. Roll back each row to its committed tokens but the last: a tree row keeps its accepted path,
     #    packed after the root; a chain row its prefix.
@@ -139,7 +146,21 @@ def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks
         proposer.on_verified(torch.tensor(accepted))
     return StepResult(verified, drafted, accepted, kept_inputs, trees, logits, k, layout.inputs.numel(),
                       propose_s=proposed - started,
-                      verify_s=time.perf_counter() - proposed)
+                      verify_s=time.perf_counter() - proposed, errors=errors)
+
+
+class NoTokenError(RuntimeError):
+    """The target's distribution at a step held no token to emit (its logits all NaN or -inf)."""
+
+
+def check_vocabulary(tokens: Sequence[int], vocab_size: int) -> None:
+    """The last guard of "never a wrong token" (docs/architecture.md): every verified token is an id
+    of the vocabulary. The samplers give -1 where the target's logits held no candidate
+    (sampling/warp.py: candidate_logits), and nothing outside 0..V-1 may reach a client."""
+    bad = next((token for token in tokens if not 0 <= token < vocab_size), None)
+    if bad is not None:
+        raise NoTokenError(f"the target's logits held no finite value to choose a token from (sampled id {bad}); "
+                           f"the model's output is broken (NaN or -inf everywhere): nothing was emitted")
 
 
 def run_adaptive_step(target, proposer: BatchProposer | None, rows: Sequence[Row], caps: Sequence[int],
@@ -236,7 +257,7 @@ def verify_step(
     """
     if params.greedy:
         if params.exact:
-            return greedy_verify(draft_ids, num_draft, target_logits.argmax(dim=-1))
+            return greedy_verify(draft_ids, num_draft, greedy_tokens(target_logits))
         return lenient_greedy_verify(draft_ids, num_draft, target_logits, params.lenience)
     target_probs = warp_logits(target_logits, params)  # [B, k+1, V]
     return rejection_sample(draft_ids, num_draft, draft_probs, target_probs, generator=generator,
@@ -260,7 +281,7 @@ def verify_tree_step(
     if params.typical_acceptance and not params.greedy:
         return typical_verify_tree(tokens, parents, warp_logits(target_logits, params)[0], generator)
     if params.greedy:
-        return greedy_verify_tree(tokens, parents, target_logits[0].argmax(dim=-1).tolist())
+        return greedy_verify_tree(tokens, parents, greedy_tokens(target_logits[0]).tolist())
     draft_probs = None if proposal.probs is None else proposal.probs[0]
     return sample_verify_tree(tokens, parents, draft_probs, warp_logits(target_logits, params)[0], generator)
 

@@ -14,9 +14,11 @@ Token i is drawn with probability p_i / sum(p) up to float64 rounding, as with m
 float64 sums; the integer result is a fixed function of the row and its uniform, so a row gives the
 same token alone or in any batch.
 
-Device ops only, fixed shapes, no host syncs (rejection_sample's promise). The rows must hold
-non-negative, finite probabilities with a positive sum (warp_logits' output); other rows give an
-arbitrary token instead of an error.
+Device ops only, fixed shapes, no host syncs (rejection_sample's promise). The rows should hold
+non-negative, finite probabilities with a positive sum (warp_logits' output). A row whose total is
+not a positive finite number (all zeros: a row with no candidate; NaN or inf anywhere) draws -1,
+never a token of the vocabulary: the engine refuses it (engine/step.py) rather than emit a token
+the target did not choose.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def uniforms(shape: tuple[int, ...], generators: Generators, device: torch.devic
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The inverse of each row's cumulative distribution at u: probs [B, V] (not necessarily
     normalized), u [B] in [0, 1) -> int64 [B], the first token whose cumulative mass exceeds
-    u x the row's total. A token of probability 0 is never drawn.
+    u x the row's total. A token of probability 0 is never drawn; a row whose total is not
+    positive and finite gives -1.
 
     >>> probs = torch.tensor([[0.1, 0.0, 0.6, 0.3]] * 3)
     >>> draw(probs, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64)).tolist()
@@ -67,7 +70,9 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     # block's last token of positive probability, never a zero or a padded one.
     positions = torch.arange(BLOCK, device=probs.device)
     last_positive = torch.where(chosen > 0, positions, -1).amax(-1, keepdim=True)
-    return (block * BLOCK + torch.minimum(within, last_positive))[:, 0]
+    token = (block * BLOCK + torch.minimum(within, last_positive))[:, 0]
+    total = cumulative[:, -1]
+    return torch.where(total.isfinite() & (total > 0), token, -1)
 
 
 def sample_rows(probs: torch.Tensor, generators: Generators = None) -> torch.Tensor:

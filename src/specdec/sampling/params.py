@@ -7,6 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS, the same floor). Why greedy and not a 400:
+# as T -> 0 the tempered distribution tends to the argmax's point mass, so greedy *is* what such a
+# request asks for, up to float rounding. At T = 1e-5 a token whose logit is 2.3e-4 below the top
+# already has probability e^-23 ~ 1e-10 of it; only near-ties (float32 logits of ~20 are 2e-6 apart at
+# best) could differ. Below the floor, dividing float32 logits by T overflows (T = 1e-40: every
+# logit becomes +-inf, the softmax NaN), so a sampled answer there would be noise, not the target's.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -17,7 +25,9 @@ class SamplingParams:
     distribution, so warping both sides identically is what makes
     "speculative output ~ plain output" hold for top-k / top-p sampling too.
 
-    temperature: 0 means greedy (argmax); > 0 divides the logits.
+    temperature: 0 means greedy (argmax); > 0 divides the logits. A temperature below
+                 GREEDY_BELOW_TEMPERATURE (1e-5) counts as 0: the request is greedy, and
+                 `temperature` reads 0.0 (see the constant for why).
     top_k:       keep the k most probable tokens; 0 disables.
     top_p:       keep the smallest set whose probability reaches top_p; 1 disables.
     min_p:       drop tokens below min_p * (top probability); 0 disables.
@@ -42,6 +52,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)  # frozen: normalised once, here
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = disabled), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.sampling.categorical import Generators, sample_rows, uniforms
+from specdec.sampling.warp import candidate_logits
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,20 @@ def acceptance_probs(
     q_j(x_j) = 0 cannot be drafted; it is treated as "accept iff p > 0".
     lenience l = 1 is the exact rule; l < 1 is lossy (module docstring).
     """
-    k = draft_token_ids.shape[1]
-    safe_ids = draft_token_ids.clamp_min(0)[..., None]  # [B, k, 1]
+    k, vocab = draft_token_ids.shape[1], target_probs.shape[-1]
+    in_vocab = (draft_token_ids >= 0) & (draft_token_ids < vocab)  # [B, k]
+    safe_ids = torch.where(in_vocab, draft_token_ids, 0)[..., None]  # [B, k, 1]
     target_p = target_probs[:, :k].float().gather(-1, safe_ids).squeeze(-1) / lenience  # [B, k]
+    usable = in_vocab  # [B, k]
     if draft_probs is None:
-        return target_p.clamp_max(1.0)
-    draft_q = draft_probs.float().gather(-1, safe_ids).squeeze(-1)  # [B, k]
-    ratio = torch.where(draft_q > 0, target_p / draft_q.clamp_min(1e-30), (target_p > 0).float())
-    return ratio.clamp_max(1.0)
+        ratio = target_p
+    else:
+        draft_q = draft_probs.float().gather(-1, safe_ids).squeeze(-1)  # [B, k]
+        ratio = torch.where(draft_q > 0, target_p / draft_q.clamp_min(1e-30), (target_p > 0).float())
+        usable = usable & draft_q.isfinite()
+    # An id outside the vocabulary (a broken draft's -1), a non-finite q or a NaN ratio is never
+    # accepted: the step then closes with a token drawn from the target (recovery_probs).
+    return torch.where(usable & ~ratio.isnan(), ratio, 0.0).clamp_max(1.0)
 
 
 def recovery_probs(
@@ -83,9 +90,11 @@ def recovery_probs(
     rejected = (num_accepted < num_draft)[:, None]  # [B, 1]
     residual = (final_target - final_draft.float() * rejected).clamp_min(0.0)
     mass = residual.sum(dim=-1, keepdim=True)
-    # A zero residual means p == q there, where rejection has probability 0;
-    # the fallback only guards against round-off.
-    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), final_target)
+    # A zero residual means p == q there, where rejection has probability 0: the fallback to p only
+    # guards against round-off. A non-finite one (NaN or inf in a broken draft's q) says nothing
+    # about p - q: the token is drawn from p, as if nothing had been drafted there.
+    usable = mass.isfinite() & (mass > 0)
+    return torch.where(usable, residual / mass.clamp_min(1e-30), final_target)
 
 
 def rejection_sample(
@@ -149,7 +158,8 @@ def greedy_verify(
     """
     k = draft_token_ids.shape[1]
     positions = torch.arange(k, device=draft_token_ids.device)
-    matches = (draft_token_ids == target_token_ids[:, :k]) & (positions[None, :] < num_draft[:, None])
+    matches = ((draft_token_ids == target_token_ids[:, :k]) & (target_token_ids[:, :k] >= 0)
+               & (positions[None, :] < num_draft[:, None]))
     num_accepted = _leading_true(matches)
     out_positions = torch.arange(k + 1, device=draft_token_ids.device)[None, :]
     output_ids = torch.where(out_positions <= num_accepted[:, None], target_token_ids, -1)
@@ -170,8 +180,10 @@ def lenient_greedy_verify(
     near-misses. Example, l = 0.5: p_0 = [.5, .3, .2], draft 1 -> .3 >= .25, accepted.
     """
     k = draft_token_ids.shape[1]
-    target_probs = torch.softmax(target_logits.float(), dim=-1)  # [B, k+1, V]
+    shifted, has_candidate = candidate_logits(target_logits)  # NaN and inf settled (warp.py)
+    target_probs = torch.softmax(shifted, dim=-1)  # [B, k+1, V]
     top_p, top_ids = target_probs.max(dim=-1)  # [B, k+1]
+    top_ids = torch.where(has_candidate[..., 0], top_ids, -1)
     draft_p = target_probs[:, :k].gather(-1, draft_token_ids.clamp_min(0)[..., None]).squeeze(-1)  # [B, k]
     positions = torch.arange(k, device=draft_token_ids.device)
     accepted = (draft_p >= lenience * top_p[:, :k]) & (positions[None, :] < num_draft[:, None])

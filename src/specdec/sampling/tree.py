@@ -23,6 +23,7 @@ with depths [1, 1, 2, 2, 3] (root 0) and paths root-0-2-4, root-0-3, root-1.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,8 +113,8 @@ def greedy_verify_tree(
     node = -1
     while True:
         wanted = target_token_ids[node + 1]
-        match = next((child for child in children[node + 1] if token_ids[child] == wanted), None)
-        if match is None:
+        match = next((child for child in children[node + 1] if token_ids[child] == wanted >= 0), None)
+        if match is None:  # wanted -1 (no candidate: warp.greedy_tokens) goes out for the engine to refuse
             return TreeVerifyResult(path, [token_ids[i] for i in path] + [int(wanted)])
         path.append(match)
         node = match
@@ -154,6 +155,8 @@ def sample_verify_tree(
         moved = False
         for child in children[node + 1]:
             token = token_ids[child]
+            if not 0 <= token < residual.shape[-1]:  # a broken draft's id: never accepted, r unchanged
+                continue
             target_r = float(residual[token])
             if draft_probs is None:  # q = onehot(token): accept w.p. r(token); (r - q)+ is r without token
                 accept, draft = target_r, None
@@ -161,6 +164,8 @@ def sample_verify_tree(
                 draft = draft_probs[child].float()
                 draft_q = float(draft[token])
                 accept = 1.0 if draft_q <= 0 and target_r > 0 else min(1.0, target_r / max(draft_q, 1e-30))
+                if not math.isfinite(draft_q):  # NaN or inf in q: min(1, r / NaN) would read 1 in Python
+                    accept = 0.0
             if float(torch.rand((), generator=generator, device=residual.device)) < accept:
                 path.append(child)
                 node, moved = child, True
@@ -171,8 +176,9 @@ def sample_verify_tree(
             else:
                 leftover = (residual - draft).clamp_min(0.0)
             mass = float(leftover.sum())
-            # A zero leftover means r == q there, where rejection has probability 0 (round-off guard).
-            if mass > 0:
+            # A zero leftover means r == q there, where rejection has probability 0 (round-off guard);
+            # a non-finite one (a broken q) leaves r as it was.
+            if math.isfinite(mass) and mass > 0:
                 residual = leftover / mass
         if not moved:
             final = int(sample_rows(residual[None], generator)[0])
@@ -204,7 +210,8 @@ def typical_verify_tree(
     node = -1
     while True:
         row = probs[node + 1]
-        match = next((c for c in children[node + 1] if float(row[token_ids[c]]) > cutoff[node + 1]), None)
+        match = next((c for c in children[node + 1]
+                      if 0 <= token_ids[c] < row.shape[-1] and float(row[token_ids[c]]) > cutoff[node + 1]), None)
         if match is None:
             final = int(sample_rows(row[None], generator)[0])
             return TreeVerifyResult(path, [token_ids[i] for i in path] + [final])

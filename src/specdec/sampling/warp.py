@@ -15,10 +15,40 @@ from specdec.sampling.categorical import sample_rows
 from specdec.sampling.params import SamplingParams
 
 
+def candidate_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any model's logits as a row the sampler can trust: (shifted [..., V] float32, has_candidate [..., 1]).
+
+    shifted is logits minus the row's largest, so every entry is <= 0 and the top is 0: dividing by
+    any temperature the params allow cannot overflow to +inf, and the softmax's sum is >= 1. What a
+    broken forward may hand over is settled here, the same way for the draft and the target:
+      - NaN never wins: it counts as -inf (no probability);
+      - a row holding +inf: those entries are its only candidates, equally likely (the limit of a
+        logit growing without bound; greedy takes the first, as torch.argmax does);
+      - a row with no entry above -inf has no candidate (has_candidate False): warp_logits gives it
+        no probability at all, and the draw that reads it returns -1, which the engine refuses
+        (engine/step.py) instead of emitting a token the target never chose.
+    """
+    clean = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    top = clean.amax(dim=-1, keepdim=True)  # [..., 1]
+    # x - top is NaN exactly where x = top = +inf: those are the candidates, at 0; finite x under a
+    # +inf top become -inf. A row without candidates (top -inf) turns all NaN, masked by the caller.
+    shifted = (clean - top).nan_to_num(nan=0.0, posinf=0.0, neginf=float("-inf"))
+    return shifted, top > float("-inf")
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Temperature 0: argmax over [..., V] (first index on ties, as torch.argmax) -> int64 [...],
+    with NaN counting as -inf; -1 for a row with no candidate (candidate_logits)."""
+    clean = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    ids = clean.argmax(dim=-1)  # a +inf is the largest: its first one wins
+    return torch.where(clean.gather(-1, ids[..., None])[..., 0] > float("-inf"), ids, -1)
+
+
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Turn raw logits into the sampling distribution the request asked for.
 
-    logits: [..., V] any float dtype. Returns float32 probs [..., V], rows sum to 1.
+    logits: [..., V] any float dtype. Returns float32 probs [..., V], rows sum to 1, except a row
+    with no candidate (all NaN or -inf; candidate_logits), which is all zeros.
 
     Order (as in vLLM and transformers): temperature, then top-k, then top-p,
     then min-p, each a mask on the previous distribution, renormalised at the end.
@@ -29,11 +59,13 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
       softmax -> [0.665, 0.245, 0.090]; top-2 keeps the first two
       -> [0.731, 0.269, 0.0]
     """
-    logits = logits.float()
+    shifted, has_candidate = candidate_logits(logits)
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(shifted.argmax(dim=-1), shifted.shape[-1]).float() * has_candidate
 
-    logits = logits / params.temperature
+    # <= 0, the top at 0: no overflow (params' temperature floor). A temperature past float32's range
+    # would read as inf, and -inf / inf is NaN: its largest finite value flattens the row just the same.
+    logits = shifted / min(params.temperature, torch.finfo(torch.float32).max)
     vocab_size = logits.shape[-1]
     if 0 < params.top_k < vocab_size:
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -47,7 +79,7 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
 
-    return probs / probs.sum(dim=-1, keepdim=True)
+    return torch.where(has_candidate, probs / probs.sum(dim=-1, keepdim=True), 0.0)
 
 
 # Candidates for the top-p nucleus: the largest 256 probabilities, then 4096, then the whole row sorted.

@@ -180,6 +180,12 @@ class Scheduler:
         now = time.perf_counter()
         for update in updates:
             job = self._running[update.handle]
+            if update.error is not None:  # this request's own failure: the others run on
+                del self._running[update.handle]
+                log.error("request %s failed: %s", job.id, update.error)
+                job.deliver(JobFailed(f"generation failed: {update.error}"))
+                self._finish(job, "error")
+                continue
             self._record_latency(job, len(update.token_ids), now)
             self.metrics.record_tokens(update.drafted, update.accepted, len(update.token_ids))
             job.deliver(update)

@@ -108,8 +108,9 @@ def generate_answers(runner, tokenizer, prompts: list[str], cache: Path, *, max_
                 for update in engine.step():
                     texts[update.handle].append(update.text)
                     if update.finish_reason is not None:
+                        answer = "".join(texts.pop(update.handle))
                         row = {"index": update.handle, "prompt": prompts[update.handle],
-                               "answer": "".join(texts.pop(update.handle)), "finish": update.finish_reason}
+                               "answer": "" if update.error else answer, "finish": update.finish_reason}
                         sink.write(json.dumps(row) + "\n")
                         sink.flush()
                         done[update.handle] = row
