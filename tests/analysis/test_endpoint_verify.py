@@ -4,16 +4,20 @@ server and a plain one must agree; a lossy one (lenience 0.05) must be caught.
 The draft is the target with sharpened logits (tests/server/serve_processes.py): it ranks tokens as
 the target does, so the lossy server accepts nearly every draft and writes nearly the draft's
 distribution, far from the target's (TV ~0.25 on the first two tokens at top-k 3). All draws are
-seeded, so the verdicts are the same on every run.
+seeded, so the verdicts are the same on every run. The credential tests talk to recording servers
+(tests/bench/recording_server.py): what they record is what went over the socket.
 """
 
 from __future__ import annotations
+
+import base64
 
 import httpx
 import pytest
 
 from transformers import AutoTokenizer
 
+from bench.recording_server import forbid_connections, recording_server
 from server.serve_processes import save_models, specdec_servers
 from specdec.cli import main
 from specdec.engine.request import chat_template_ids
@@ -105,3 +109,63 @@ def test_bad_lenience_is_one_line_before_any_model_loads(capsys, value):
     assert main(["serve", "--target", "/nonexistent", "--lenience", value]) == 2
     err = capsys.readouterr().err
     assert "--lenience must be in (0, 1]" in err and err.count("\n") == 1
+
+
+# ---- credentials (docs/benchmarks.md, "Credentials") ------------------------------------------
+
+
+@pytest.fixture
+def recorders():
+    with recording_server() as spec, recording_server() as plain:
+        yield spec, plain
+
+
+def _verify_recorders(endpoint: str, reference: str, *extra) -> list[str]:
+    return ["verify", "--endpoint", endpoint, "--reference", reference, "--prompt", "x", "--samples", "4",
+            "--greedy-prompts", "0", "--max-new-tokens", "4", "--concurrency", "1", *extra]
+
+
+def test_verify_sends_no_key_without_a_key_flag(recorders, monkeypatch, capsys):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-ambient")
+    spec, plain = recorders
+    assert main(_verify_recorders(f"spec={spec.url}", f"plain={plain.url}")) == 0
+    assert "PASSED" in capsys.readouterr().out
+    for server in recorders:
+        assert any(seen.path == "/v1/completions" for seen in server.seen)  # the check ran on both
+        assert {seen.authorization for seen in server.seen} == {None}
+
+
+def test_verify_sends_each_server_its_own_key(recorders, monkeypatch):
+    monkeypatch.setenv("SPEC_KEY", "sk-spec")
+    spec, plain = recorders
+    assert main(_verify_recorders(f"spec={spec.url}", f"plain={plain.url}/v1",
+                                  "--api-key-env", "SPEC_KEY", "--api-key", "sk-plain")) == 0
+    assert spec.seen and {seen.authorization for seen in spec.seen} == {"Bearer sk-spec"}
+    assert plain.seen and {seen.authorization for seen in plain.seen} == {"Bearer sk-plain"}
+
+
+def test_verify_sends_one_key_to_both_servers(recorders):
+    spec, plain = recorders
+    assert main(_verify_recorders(spec.url, plain.url, "--api-key", "sk-both")) == 0
+    for server in recorders:
+        assert server.seen and {seen.authorization for seen in server.seen} == {"Bearer sk-both"}
+
+
+def test_verify_refuses_a_key_over_plain_http_before_any_connection(monkeypatch, capsys):
+    attempts = forbid_connections(monkeypatch)
+    assert main(_verify_recorders("http://127.0.0.1:9", "plain=http://example.com:8000/v1", "--api-key", "k")) == 2
+    err = capsys.readouterr().err
+    assert "refusing to send the API key to http://example.com:8000 over plain http" in err
+    assert "use https, or drop the key" in err and err.count("\n") == 1
+    assert attempts == []
+
+
+def test_verify_prints_labels_without_credentials(recorders, capsys):
+    spec, plain = recorders
+    host = spec.url.removeprefix("http://")
+    assert main(_verify_recorders(f"http://verify-user:pa55word@{host}", plain.url)) == 0
+    assert {seen.authorization for seen in spec.seen} == \
+        {"Basic " + base64.b64encode(b"verify-user:pa55word").decode()}
+    printed = capsys.readouterr()
+    assert f"distribution check: {host} against" in printed.out
+    assert "verify-user" not in printed.out + printed.err and "pa55word" not in printed.out + printed.err

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from specdec.analysis.lossless import verdict_lines
-from specdec.bench.openai_client import Endpoint, EndpointError, client, default_api_key, parse_endpoints, \
+from specdec.bench.openai_client import Endpoint, EndpointError, add_api_key_args, client, parse_endpoints, \
     post_json, resolve_model
 
 IDENTITIES = ("token ids", "logprobs tokens", "text")  # best first
@@ -101,7 +101,7 @@ class Sampler:
                 out.append(choice.get("text", ""))
                 continue
             if not isinstance(tokens, list):
-                raise ValueError(f"{self.endpoint.url('/v1/completions')} stopped returning {identity}")
+                raise ValueError(f"{self.endpoint.redacted_url('/v1/completions')} stopped returning {identity}")
             out.append(tuple(tokens[:first]) or ("<none>",))  # an empty completion is an outcome too
         return out
 
@@ -112,7 +112,7 @@ def _names_param(error: EndpointError, param: str) -> bool:
 
 def probe(http, sampler: Sampler, prompt: str) -> Capabilities:
     """Ask once with n=2 and token ids, once with logprobs: what does this server support?"""
-    url = sampler.endpoint.url("/v1/completions")
+    url = sampler.endpoint.redacted_url("/v1/completions")
     n_ok = True
     try:
         body = post_json(http, sampler.endpoint, "/v1/completions", sampler.request(prompt, 2, 0, 2, "token ids"))
@@ -170,7 +170,7 @@ def draw(http, sampler: Sampler, prompt: str, samples: int, first_seed: int, con
             for got in pool.map(one, jobs):
                 outcomes.extend(got)
             if len(outcomes) == before:
-                raise ValueError(f"{sampler.endpoint.url('/v1/completions')} returned no choices")
+                raise ValueError(f"{sampler.endpoint.redacted_url('/v1/completions')} returned no choices")
     return outcomes[:samples]
 
 
@@ -298,7 +298,7 @@ def _print_verdict(endpoint: Endpoint, reference: Endpoint, settings: VerifySett
 
 
 def add_endpoint_verify_args(parser) -> None:
-    """--endpoint, --reference, --endpoint-model, --api-key, --concurrency on `specdec verify`."""
+    """--endpoint, --reference, --endpoint-model, --api-key, --api-key-env, --concurrency on `specdec verify`."""
     parser.add_argument("--endpoint", default=None, metavar="[LABEL=]URL",
                         help="check a running OpenAI-compatible server (e.g. vLLM with a speculative config) "
                              "against --reference instead of local models: http://HOST:PORT or .../v1")
@@ -307,8 +307,7 @@ def add_endpoint_verify_args(parser) -> None:
     parser.add_argument("--endpoint-model", action="append", default=None, metavar="NAME",
                         help="the model name to request (default: the one GET /v1/models lists); once for both "
                              "servers, or twice: --endpoint's, then --reference's")
-    parser.add_argument("--api-key", default=None,
-                        help="sent as Authorization: Bearer KEY (default: $OPENAI_API_KEY, else none)")
+    add_api_key_args(parser, "--endpoint's, then --reference's")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="requests in flight per server with --endpoint (default: 4). A server that drafts "
                              "only at small batch sizes (specdec serve on a CPU, vLLM's "
@@ -332,8 +331,7 @@ def cmd_verify_endpoints(args, default_prompts: Sequence[str] = ()) -> int:
         samples=args.samples, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         significance=args.significance, max_new_tokens=args.max_new_tokens, seed=args.seed,
         concurrency=getattr(args, "concurrency", 4))
-    endpoints = parse_endpoints([args.endpoint, args.reference], args.endpoint_model,
-                                args.api_key or default_api_key())
+    endpoints = parse_endpoints([args.endpoint, args.reference], args.endpoint_model, args.api_keys)
     with client() as http:
         endpoint, reference = (resolve_model(http, e) for e in endpoints)
         return verify_endpoints(endpoint, reference, settings, http)

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.bench.openai_client import (Endpoint, EndpointError, client, default_api_key, get_json,
+from specdec.bench.openai_client import (Endpoint, EndpointError, add_api_key_args, client, get_json,
                                          parse_endpoints, resolve_model, stream_chat, vllm_spec_counters)
 from specdec.bench.prompt_sets import BenchPrompt
 
@@ -140,8 +140,9 @@ def summarise(turns: list[dict]) -> dict:
 
 
 def _endpoint_info(http, endpoint: Endpoint) -> dict:
-    """What the header row records about one server: its address, model, and any setup it publishes."""
-    info = dict(label=endpoint.label, url=endpoint.base_url, model=endpoint.model,
+    """What the header row records about one server: its address (without credentials), model, and any
+    setup it publishes."""
+    info = dict(label=endpoint.label, url=endpoint.redacted_url(), model=endpoint.model,
                 vllm_counters=vllm_spec_counters(http, endpoint) is not None)
     try:
         listing = get_json(http, endpoint, "/v1/models")
@@ -228,7 +229,7 @@ def run_endpoint_bench(plan: EndpointPlan, out_path: str | Path, progress: bool 
 
 
 def add_endpoint_bench_args(parser) -> None:
-    """--endpoint, --endpoint-model, --api-key on `specdec bench`."""
+    """--endpoint, --endpoint-model, --api-key, --api-key-env on `specdec bench`."""
     parser.add_argument("--endpoint", action="append", default=None, metavar="[LABEL=]URL",
                         help="benchmark a running OpenAI-compatible server (vLLM, SGLang, llama-server, specdec "
                              "serve) instead of local models: http://HOST:PORT or .../v1, optionally named "
@@ -241,8 +242,7 @@ def _add_client_args(parser) -> None:
     parser.add_argument("--endpoint-model", action="append", default=None, metavar="NAME",
                         help="the model name to request (default: the one GET /v1/models lists); once for all "
                              "endpoints or once per endpoint, in order")
-    parser.add_argument("--api-key", default=None,
-                        help="sent as Authorization: Bearer KEY (default: $OPENAI_API_KEY, else none)")
+    add_api_key_args(parser, "in --endpoint order")
 
 
 def _temperatures(text: str) -> list[float]:
@@ -279,8 +279,7 @@ def cmd_bench_endpoints(args) -> int:
     out_dir = Path(args.out)
     results = out_dir / "results.jsonl"
     if not args.report_only:
-        api_key = args.api_key or default_api_key()
-        endpoints = parse_endpoints(args.endpoint, args.endpoint_model, api_key)
+        endpoints = parse_endpoints(args.endpoint, args.endpoint_model, args.api_keys)
         temperatures = _temperatures(args.temperature)
         prompts = load_prompts([s.strip() for s in args.prompts.split(",") if s.strip()], args.per_category)
         with client() as http:
@@ -289,7 +288,7 @@ def cmd_bench_endpoints(args) -> int:
                                 args.seed, dict(prompts=len(prompts), prompt_sets=args.prompts))
             print(f"bench: {len(prompts)} prompts x {len(endpoints)} endpoints x {len(temperatures)} temperatures "
                   f"x {args.repeats} repeats -> {results}\n" +
-                  "".join(f"  {e.label}: {e.base_url} model {e.model!r}{' (reference)' if i == 0 else ''}\n"
+                  "".join(f"  {e.label}: {e.redacted_url()} model {e.model!r}{' (reference)' if i == 0 else ''}\n"
                           for i, e in enumerate(endpoints)), end="", file=sys.stderr, flush=True)
             run_endpoint_bench(plan, results, progress=not args.quiet, http=http)
     elif not results.exists():
