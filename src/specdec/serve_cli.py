@@ -70,12 +70,42 @@ def add_serve_command(sub) -> None:
                             "stays in a free slot, and a later prompt that begins with its tokens (a chat's next "
                             "turn, an agent's next call) reads only the rest: same output, bit for bit, less "
                             "prefill (usage.prompt_tokens_details.cached_tokens says how much)")
-    serve.add_argument("--api-key", default=None, metavar="KEY",
+    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
                        help="require `Authorization: Bearer KEY` on /v1 routes (and /metrics): others get 401. "
-                            "Default: $SPECDEC_API_KEY, else none (anyone who reaches the port may use it)")
+                            "Repeat it to give each client its own key: each key is a tenant, and the prompt cache "
+                            "and suffix decoding's cache are shared only within one. Default: $SPECDEC_API_KEY, "
+                            "else none (anyone who reaches the port may use it, and every client shares the caches)")
+    serve.add_argument("--tenant-header", default=None, metavar="NAME",
+                       help="split tenants further by this request header (e.g. X-Tenant), which a proxy you trust "
+                            "must set: a client that can set it itself can pick any tenant")
+    serve.add_argument("--shared-cache", action="store_true",
+                       help="one prompt cache and suffix cache for every client, whatever its key: faster for one "
+                            "trusted team, but a client can tell from cached_tokens, its time to first token and "
+                            "the acceptance counts how much of another's conversation its prompt repeats")
     serve.add_argument("--public-metrics", action="store_true",
                        help="with an API key, leave /metrics open (for a Prometheus scraper without the key); "
                             "/health is always open")
+    limits = serve.add_argument_group("limits (docs/security.md): what one request may cost")
+    limits.add_argument("--max-body-mb", type=float, default=4.0, metavar="MB",
+                        help="a larger request body gets 413 before it is parsed (default: 4)")
+    limits.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                        help="a client pausing longer than S seconds while sending its body gets 408 (default: 30)")
+    limits.add_argument("--max-prompt-chars", type=positive_int, default=None, metavar="N",
+                        help="a longer prompt (or chat, its messages' text) gets 400 before it is tokenized "
+                             "(default: 32 per token of the context)")
+    limits.add_argument("--max-tokens-cap", type=positive_int, default=None, metavar="N",
+                        help="max_tokens above N gets 400; requests without max_tokens stop at N (default: the "
+                             "context)")
+    limits.add_argument("--request-deadline", type=float, default=600.0, metavar="S",
+                        help="a request still running S seconds after it arrived fails with 504 and frees its "
+                             "row (default: 600; 0 = none)")
+    limits.add_argument("--max-stop-chars", type=positive_int, default=1000, metavar="N",
+                        help="each stop string at most N characters, all of them 4N (default: 1000)")
+    limits.add_argument("--limit-concurrency", type=positive_int, default=None, metavar="N",
+                        help="open connections past N get 503 from uvicorn (default: 2 x (max-batch + max-queue) "
+                             "+ 16)")
+    limits.add_argument("--timeout-keep-alive", type=float, default=5.0, metavar="S",
+                        help="an idle keep-alive connection closes after S seconds (default: 5, uvicorn's)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -86,6 +116,21 @@ def spec_max_batch_of(text: str, device_type: str) -> int | None:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"--spec-max-batch must be auto or an integer >= 1, got {text!r}")
     return int(text)
+
+
+def limits_of(args):
+    """The ServerLimits the flags ask for; a clear error for a bad value, before any model loads."""
+    from specdec.server.guards import ServerLimits
+
+    for flag, value in (("--max-body-mb", args.max_body_mb), ("--body-timeout", args.body_timeout),
+                        ("--timeout-keep-alive", args.timeout_keep_alive)):
+        if not value > 0:
+            raise ValueError(f"{flag} must be > 0, got {value:g}")
+    if not args.request_deadline >= 0:
+        raise ValueError(f"--request-deadline must be >= 0 (0 = none), got {args.request_deadline:g}")
+    return ServerLimits(max_body_bytes=int(args.max_body_mb * 1024 * 1024), body_timeout_s=args.body_timeout,
+                        max_prompt_chars=args.max_prompt_chars, max_tokens_cap=args.max_tokens_cap,
+                        deadline_s=args.request_deadline or None, max_stop_chars=args.max_stop_chars)
 
 
 def cmd_serve(args) -> int:
@@ -103,6 +148,7 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--lenience must be in (0, 1] (1 = exact, < 1 = lossy), got {args.lenience:g}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    limits = limits_of(args)
     import uvicorn
 
     from specdec.factory import check_before_loading, load_head, load_models
@@ -112,14 +158,15 @@ def cmd_serve(args) -> int:
     target, draft = load_models(config)
     name = args.served_model_name or config.target
     spec_max_batch = spec_max_batch_of(args.spec_max_batch, target.runner.device.type)
-    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    api_key = args.api_key or ([os.environ["SPECDEC_API_KEY"]] if os.environ.get("SPECDEC_API_KEY") else None)
     app = build_server(target.runner, target.tokenizer, name=name, config=config,
                        draft_runner=draft.runner if draft else None, slots=args.max_batch,
                        max_queue=args.max_queue, eos_token_ids=target.eos_token_ids, max_context=args.max_context,
                        default_max_tokens=args.default_max_tokens, spec_max_batch=spec_max_batch,
                        lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics,
                        prefill_chunk=args.prefill_chunk or None, head=load_head(config, target),
-                       prompt_cache=args.prompt_cache)
+                       prompt_cache=args.prompt_cache, limits=limits, shared_cache=args.shared_cache,
+                       tenant_header=args.tenant_header)
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     if config.k == "auto" and config.method != "autoregressive":
@@ -128,5 +175,7 @@ def cmd_serve(args) -> int:
     print(f"specdec: serving {name!r} ({method}, {args.max_batch} rows{drafting}, queue "
           f"{args.max_queue}) on http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                limit_concurrency=args.limit_concurrency or 2 * (args.max_batch + args.max_queue) + 16,
+                timeout_keep_alive=args.timeout_keep_alive)
     return 0

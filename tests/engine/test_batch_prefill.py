@@ -163,7 +163,7 @@ def assert_parked_rows_hold_their_tokens(engine: BatchEngine, model) -> None:
     """Every parked row's entries are, bit for bit, those of a fresh prefill of the tokens it is parked with."""
     fresh = make_native(model)
     cache = engine.target.cache
-    for row, tokens in engine._parked.items():
+    for row, (_tenant, tokens) in engine._parked.items():
         fresh.reset()
         fresh.forward(torch.tensor([tokens]), torch.arange(len(tokens))[None])
         assert cache.seq_lens[row] >= len(tokens)

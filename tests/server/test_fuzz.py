@@ -22,15 +22,30 @@ FUZZ_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=l
                          derandomize=True)
 
 
-@pytest.fixture(scope="module")
-def fuzz_url():
+FUZZ_KEY = "fuzz-key"
+
+
+@pytest.fixture(scope="module", params=[None, FUZZ_KEY], ids=["no-key", "api-key"])
+def server(request):
+    """(base URL, the headers every request sends): without an API key, and with one (its middleware
+    must not turn any input into a 5xx either)."""
     # A 64-token context keeps every generated request short.
-    with serve(tiny_app(slots=4, max_queue=64, max_context=64)) as base:
-        yield base
+    with serve(tiny_app(slots=4, max_queue=64, max_context=64, api_key=request.param)) as base:
+        yield base, {"Authorization": f"Bearer {request.param}"} if request.param else {}
+
+
+@pytest.fixture(scope="module")
+def fuzz_url(server):
+    return server[0]
+
+
+@pytest.fixture(scope="module")
+def auth(server):
+    return server[1]
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_schemathesis_finds_no_server_error(fuzz_url, mode):
+def test_schemathesis_finds_no_server_error(fuzz_url, auth, mode):
     """Every operation of /openapi.json, bodies valid and invalid per the schema."""
     schema = schemathesis.openapi.from_url(f"{fuzz_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -43,8 +58,8 @@ def test_schemathesis_finds_no_server_error(fuzz_url, mode):
         @given(case=operation.as_strategy(generation_mode=mode))
         @FUZZ_SETTINGS
         def check(case):
-            response = case.call_and_validate(checks=[not_a_server_error, status_code_conformance,
-                                                      content_type_conformance])
+            response = case.call_and_validate(headers=auth, checks=[not_a_server_error, status_code_conformance,
+                                                                    content_type_conformance])
             if response.status_code >= 400:
                 assert set(response.json()["error"]) >= {"message", "type"}
 
@@ -61,7 +76,8 @@ PLAUSIBLE = {
     "prompt": st.text(max_size=80) | st.lists(st.integers(-5, 100), max_size=10),
     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "bot"]),
                                                 "content": st.text(max_size=40)}), max_size=3),
-    "max_tokens": st.integers(-3, 80), "temperature": st.floats(-1, 3, allow_nan=False),
+    "max_tokens": st.integers(-3, 80),
+    "temperature": st.floats(-1, 3, allow_nan=False) | st.sampled_from([5e-324, 1e-40, 1e-6, 1e-5, 1e6, 1e308]),
     "top_p": st.floats(-0.5, 1.5, allow_nan=False), "top_k": st.integers(-3, 70), "seed": st.integers(-2, 2**64),
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3), "stream": st.booleans(),
     "n": st.integers(-1, 5), "logprobs": st.integers(-1, 22) | st.booleans(), "top_logprobs": st.integers(-1, 22),
@@ -88,9 +104,9 @@ def requests(draw):
 
 @given(endpoint_and_body=requests())
 @FUZZ_SETTINGS
-def test_random_bodies_get_an_answer_or_a_4xx(fuzz_url, endpoint_and_body):
+def test_random_bodies_get_an_answer_or_a_4xx(fuzz_url, auth, endpoint_and_body):
     endpoint, body = endpoint_and_body
-    response = httpx.post(f"{fuzz_url}/v1/{endpoint}", json=body, timeout=60)
+    response = httpx.post(f"{fuzz_url}/v1/{endpoint}", json=body, headers=auth, timeout=60)
     STATUSES_SEEN.add(response.status_code)
     assert response.status_code in (200, 400, 404), response.text
     if response.status_code != 200:
@@ -101,8 +117,9 @@ def test_random_bodies_get_an_answer_or_a_4xx(fuzz_url, endpoint_and_body):
         assert response.json()["usage"]["completion_tokens"] >= 1
 
 
-def test_the_server_survived_the_fuzzing(fuzz_url):
+def test_the_server_survived_the_fuzzing(fuzz_url, auth):
     assert STATUSES_SEEN >= {200, 400}  # the random bodies reached the engine, not only the validator
     assert httpx.get(f"{fuzz_url}/health").json()["status"] == "ok"
-    ok = httpx.post(f"{fuzz_url}/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4})
+    ok = httpx.post(f"{fuzz_url}/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4},
+                    headers=auth)
     assert ok.status_code == 200

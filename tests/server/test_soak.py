@@ -14,6 +14,7 @@ import random
 import time
 
 import httpx
+import pytest
 
 from live_server import MODEL_NAME, serve, tiny_app
 
@@ -51,7 +52,7 @@ async def one(client: httpx.AsyncClient, base: str, kind: str, rng: random.Rando
         return "gave up"
 
 
-async def soak(base: str) -> dict[str, int]:
+async def soak(base: str, headers: dict) -> dict[str, int]:
     rng = random.Random(0)
     kinds = ["hang-up"] * 70 + ["impatient"] * 50 + ["samples"] * 20 + ["whole"] * 60
     rng.shuffle(kinds)
@@ -63,19 +64,22 @@ async def soak(base: str) -> dict[str, int]:
             outcome = await one(client, base, kind, rng)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
         await asyncio.gather(*(run(kind) for kind in kinds))
     return outcomes
 
 
-def test_200_requests_with_random_disconnects_leave_no_row_in_use_and_no_memory_behind():
-    app = tiny_app(slots=4, max_queue=16, max_context=1024)
+@pytest.mark.parametrize("api_key", [None, "soak-key"], ids=["no-key", "api-key"])
+def test_200_requests_with_random_disconnects_leave_no_row_in_use_and_no_memory_behind(api_key):
+    """With an API key too: its middleware must let the handlers see a client leave."""
+    app = tiny_app(slots=4, max_queue=16, max_context=1024, api_key=api_key)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     scheduler = app.state.scheduler
     with serve(app) as base:
-        asyncio.run(soak(base))  # warm-up: allocator pools, cache growth, compiled paths
+        asyncio.run(soak(base, headers))  # warm-up: allocator pools, cache growth, compiled paths
         gc.collect()
         warm = resident_mb()
-        outcomes = asyncio.run(soak(base))
+        outcomes = asyncio.run(soak(base, headers))
         assert sum(outcomes.values()) == REQUESTS
         assert outcomes.get("hung up", 0) == 70 and outcomes.get("answered", 0) >= 60, outcomes
         for _ in range(200):  # the engine thread drops cancelled jobs between steps
@@ -89,6 +93,7 @@ def test_200_requests_with_random_disconnects_leave_no_row_in_use_and_no_memory_
         print(f"soak: {outcomes}; resident memory {warm:.0f} MB after warm-up, {after:.0f} MB after")
         # Greedy: under sampling the tiny model ends "hi" after one token about one time in thirty.
         answer = httpx.post(f"{base}/v1/completions",
-                            json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4, "temperature": 0}, timeout=30)
+                            json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4, "temperature": 0},
+                            headers=headers, timeout=30)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
         assert httpx.get(f"{base}/health").json()["status"] == "ok"

@@ -68,6 +68,7 @@ class _Running(Row):
     handle: Hashable = None  # the caller's name for the request
     admitted: float = 0.0  # when add() took it (time to first token counts from here)
     decode_started: float = 0.0
+    tenant: str | None = None  # whose cached prompts and outputs it may share (server/guards.py)
     prefilled: int = 0  # prompt tokens in the cache (all but the last once prefilled)
     overtaken: int = 0  # shorter prompts admitted later but prefilled first (bounded: no starvation)
 
@@ -128,7 +129,7 @@ class BatchEngine:
         # equals one forward (the native runner's chunking invariance) may skip a prefix: not transformers'.
         self.prompt_cache_possible = not self._reads_hidden and bool(getattr(target, "exact_prefix_reuse", False))
         self.prompt_cache = prompt_cache and self.prompt_cache_possible
-        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose entries it holds
+        self._parked: dict[int, tuple[str | None, list[int]]] = {}  # free row -> (tenant, the tokens it holds)
         self.reused_prompt_tokens = 0  # prompt tokens copied from other rows (parked, or a twin's) instead of prefilled
 
     # ---- requests ---------------------------------------------------------------------------
@@ -160,19 +161,24 @@ class BatchEngine:
     def handles(self) -> list[Hashable]:
         return [row.handle for row in (*self._rows, *self._prefilling)]
 
-    def add(self, handle: Hashable, request: Request) -> None:
+    def add(self, handle: Hashable, request: Request, tenant: str | None = None) -> None:
         """Give the request the next free row. Its prompt is prefilled now (prefill_chunk None), or by
         the next steps, at most prefill_chunk tokens per step, while the running rows keep decoding;
-        it decodes from the step after its prefill is complete."""
+        it decodes from the step after its prefill is complete.
+
+        tenant: the request shares cached prompts (a twin's prefill, a parked row) and suffix decoding's
+        earlier outputs with requests of the same tenant only. Across tenants a shared cache would
+        tell a client, through cached_tokens, its time to first token and the acceptance counts, how
+        much of another's conversation its prompt repeats (docs/security.md)."""
         if not self.free_slots:
             raise RuntimeError("no free row: wait until a request finishes")
         running = _Running(request, request.params.make_generator(self.target.device), list(request.prompt_ids),
-                           handle=handle, admitted=time.perf_counter())
+                           handle=handle, admitted=time.perf_counter(), tenant=tenant)
         running.stats.prompt_tokens = len(request.prompt_ids)
         row = self.running  # rows are packed: decoding rows first, then the ones being prefilled
         # A twin's prefill is shared by copying its cache rows; a head proposer would also need the
         # prompt's features, which the twin's proposer has already read: prefill those requests anew.
-        twin = None if self._reads_hidden else self._row_with_prompt(request.prompt_ids)
+        twin = None if self._reads_hidden else self._row_with_prompt(request.prompt_ids, tenant)
         if twin is not None:
             self._vacate(row)
             # The same prompt runs already (n > 1 samples, or a repeated request): its row's cache begins
@@ -182,7 +188,7 @@ class BatchEngine:
             self.target.truncate([reused], rows=slice(row, row + 1))
             self.shared_prefills += 1
         else:
-            reused = self._reuse_parked(request.prompt_ids, row)
+            reused = self._reuse_parked(request.prompt_ids, row, tenant)
         if reused:
             running.prefilled = running.stats.prompt_tokens_reused = reused
             self.reused_prompt_tokens += reused
@@ -195,12 +201,14 @@ class BatchEngine:
 
     MIN_REUSED_TOKENS = 8  # a shorter common prefix is not worth a row copy
 
-    def _reuse_parked(self, prompt_ids: list[int], row: int) -> int:
-        """Give row the entries of the parked row sharing the longest prefix with prompt_ids (all but
-        the prompt's last token at most); how many it got (0: none worth taking). The parked row is
+    def _reuse_parked(self, prompt_ids: list[int], row: int, tenant: str | None) -> int:
+        """Give row the entries of tenant's parked row sharing the longest prefix with prompt_ids (all
+        but the prompt's last token at most); how many it got (0: none worth taking). The parked row is
         used up: the conversation it holds parks again, longer, when this request finishes."""
         best, best_length = None, 0
-        for parked, tokens in self._parked.items():
+        for parked, (owner, tokens) in self._parked.items():
+            if owner != tenant:
+                continue
             length = common_prefix_length(tokens, prompt_ids, len(prompt_ids) - 1)
             if length > best_length or (length == best_length and parked == row):
                 best, best_length = parked, length
@@ -271,7 +279,7 @@ class BatchEngine:
             if running.prefilled < len(running.request.prompt_ids) - 1:
                 return  # the budget ran out mid-prompt
             self._prefilling.pop(0)  # complete: it decodes from the next step, in place
-            self.start_row(row, running.handle)
+            self.start_row(row, running.handle, running.tenant)
             running.decode_started = time.perf_counter()
             self._rows.append(running)
 
@@ -281,19 +289,21 @@ class BatchEngine:
         (EAGLE-3); None where it reads none."""
         return self._feature_layers if self._reads_hidden else None
 
-    def start_row(self, row: int, handle: Hashable) -> None:
+    def start_row(self, row: int, handle: Hashable, tenant: str | None = None) -> None:
         """A request starts decoding in row: the proposer and -k auto's controller start afresh there."""
         if self.proposer is not None:
+            self.proposer.set_row_tenant(row, tenant)
             self.proposer.start_row(row)
         if self.adaptive is not None:
             self.adaptive.start_row(handle)
 
-    def _row_with_prompt(self, prompt_ids: list[int]) -> int | None:
-        """A decoding row whose prompt is prompt_ids (its first len - 1 cache entries are their prefill)."""
+    def _row_with_prompt(self, prompt_ids: list[int], tenant: str | None) -> int | None:
+        """A decoding row of tenant's whose prompt is prompt_ids (its first len - 1 cache entries are their
+        prefill)."""
         if len(prompt_ids) < 2:
             return None
         for row, running in enumerate(self._rows):
-            if running.request.prompt_ids == prompt_ids:
+            if running.tenant == tenant and running.request.prompt_ids == prompt_ids:
                 return row
         return None
 
@@ -369,9 +379,10 @@ class BatchEngine:
                 self.proposer.end_row(b, self._rows[b].request.prompt_ids, self._rows[b].request.generated)
             # A failed row's cache may be half-written: never parked for later prompts.
             parked = self._parkable(b) if self.prompt_cache and b not in failed else None
+            tenant = self._rows[b].tenant
             self._free(b, keep=parked is not None)
             if parked is not None:  # the freed row, now the first free one, holds it
-                self._parked[self.running] = parked
+                self._parked[self.running] = (tenant, parked)
         self.last_step = StepInfo(batch, time.perf_counter() - started)
         return updates
 

@@ -155,5 +155,11 @@ class Proposer:
     def end_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         """A request finished: what was written (suffix decoding's cache learns across requests)."""
 
+    def start_tenant(self, tenant: str | None) -> None:
+        """The next request is tenant's (None: the default): what it learns from earlier requests
+        comes from that tenant's alone (suffix decoding's cache; docs/security.md). Called before
+        reset() (BatchProposer.set_row_tenant). Nothing is shared across requests by default:
+        nothing to do."""
+
     def forget_earlier_requests(self) -> None:
         """Empty what it learned from earlier requests, so the next runs as if it were the first."""

@@ -34,6 +34,10 @@ class BatchProposer:
     def start_row(self, row: int) -> None:
         """A new request now runs in row."""
 
+    def set_row_tenant(self, row: int, tenant: str | None) -> None:
+        """The request about to start in row is tenant's (called before start_row): it may learn only
+        from that tenant's earlier requests (Proposer.start_tenant). Nothing shared: nothing to do."""
+
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:  # [B, k]
         raise NotImplementedError
 
@@ -114,6 +118,9 @@ class RowwiseProposer(BatchProposer):
 
     def start_row(self, row: int) -> None:
         self.rows[row].reset()
+
+    def set_row_tenant(self, row: int, tenant: str | None) -> None:
+        self.rows[row].start_tenant(tenant)
 
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
         device = contexts[0].token_ids.device

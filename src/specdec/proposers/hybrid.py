@@ -56,6 +56,9 @@ class NgramThenDraftProposer(BatchProposer):
         self.ngram.start_row(row)
         self.draft.start_row(row)
 
+    def set_row_tenant(self, row: int, tenant: str | None) -> None:
+        self.ngram.set_row_tenant(row, tenant)
+
     def sources(self, row: int, token_ids: Sequence[int]) -> tuple[Source, ...] | None:
         lookup = getattr(self.ngram, "rows", [None])[row]
         if not hasattr(lookup, "match_length"):

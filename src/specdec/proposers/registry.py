@@ -109,7 +109,7 @@ def build_proposer(
     tree_size: int | None = None,
     tree_topk: int = 4,
     suffix: SuffixOptions | None = None,
-    suffix_cache: SuffixCache | None = None,  # shared across engines; default: a new one from `suffix`
+    suffix_cache: SuffixCache | None = None,  # shared across engines and tenants; default: one per tenant
     lookahead: LookaheadOptions | None = None,
 ) -> Proposer | BatchProposer | None:
     """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's); None means
@@ -137,7 +137,7 @@ def build_proposer(
         return per_row(ngram)
     if method == "suffix":
         options = suffix or SuffixOptions()
-        cache = suffix_cache if suffix_cache is not None else options.new_cache()
+        cache = suffix_cache if suffix_cache is not None else options.new_tenant_caches()
         return per_row(lambda: SuffixProposer(cache, options))
     if method == "lookahead":
         return per_row(lambda: LookaheadProposer(lookahead))

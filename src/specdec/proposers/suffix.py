@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,6 +74,9 @@ class SuffixOptions:
 
     def new_cache(self) -> SuffixCache:
         return SuffixCache(self.cache_requests, self.max_depth)
+
+    def new_tenant_caches(self) -> TenantSuffixCaches:
+        return TenantSuffixCaches(self.cache_requests, self.max_depth)
 
 
 class _Node:
@@ -211,6 +214,30 @@ class SuffixCache:
             self.trie.remove(self.outputs.popleft())
 
 
+class TenantSuffixCaches:
+    """One SuffixCache per tenant (server/guards.py: an API key, or a trusted header), so a request
+    drafts from its own tenant's earlier outputs only: another tenant's text would show through the
+    acceptance counts a response reports. The MAX_TENANTS most recently used are kept."""
+
+    MAX_TENANTS = 64
+
+    def __init__(self, max_requests: int = DEFAULT_CACHE_REQUESTS, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        self.max_requests, self.max_depth = max_requests, max_depth
+        self._caches: OrderedDict[str | None, SuffixCache] = OrderedDict()
+
+    def for_tenant(self, tenant: str | None) -> SuffixCache:
+        cache = self._caches.pop(tenant, None)  # (an empty SuffixCache is falsy: no `or` here)
+        if cache is None:
+            cache = SuffixCache(self.max_requests, self.max_depth)
+        self._caches[tenant] = cache  # most recent last
+        while len(self._caches) > self.MAX_TENANTS:
+            self._caches.popitem(last=False)
+        return cache
+
+    def clear(self) -> None:
+        self._caches.clear()
+
+
 @dataclass(frozen=True)
 class SuffixDraft:
     token_ids: list[int]
@@ -282,15 +309,24 @@ class SuffixProposer(Proposer):
     then joins the cache. trees=False drafts the best tree's most likely path as a chain.
     """
 
-    def __init__(self, cache: SuffixCache | None = None, options: SuffixOptions | None = None,
+    def __init__(self, cache: SuffixCache | TenantSuffixCaches | None = None, options: SuffixOptions | None = None,
                  trees: bool = True) -> None:
+        """cache: one SuffixCache that every request shares, or TenantSuffixCaches (each request its
+        tenant's: start_tenant); None: a new SuffixCache from the options."""
         self.options = options or SuffixOptions()
-        self.cache = cache if cache is not None else self.options.new_cache()
-        if self.cache.trie.max_depth != self.options.max_depth:
-            raise ValueError(f"the suffix cache counts substrings up to {self.cache.trie.max_depth} tokens, "
+        self.caches = cache if isinstance(cache, TenantSuffixCaches) else None
+        self.cache = cache if isinstance(cache, SuffixCache) else (
+            self.options.new_cache() if cache is None else cache.for_tenant(None))
+        depth = self.cache.trie.max_depth
+        if depth != self.options.max_depth:
+            raise ValueError(f"the suffix cache counts substrings up to {depth} tokens, "
                              f"the options ask for {self.options.max_depth}")
         self.trees = trees
         self.reset()
+
+    def start_tenant(self, tenant: str | None) -> None:
+        if self.caches is not None:
+            self.cache = self.caches.for_tenant(tenant)
 
     def reset(self) -> None:
         self.local = SuffixTrie(self.options.max_depth)
@@ -302,6 +338,9 @@ class SuffixProposer(Proposer):
 
     def forget_earlier_requests(self) -> None:
         self.cache.clear()
+        if self.caches is not None:
+            self.caches.clear()
+            self.cache = self.caches.for_tenant(None)
         self.reset()
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:

@@ -16,18 +16,21 @@ from specdec.engine.batch import BatchEngine
 from specdec.models.loader import eos_ids_of
 from specdec.proposers.registry import check_method
 from specdec.server.app import ServedModel, create_app
+from specdec.server.guards import ServerLimits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
 
-__all__ = ["build_server"]
+__all__ = ["ServerLimits", "build_server"]
 
 
 def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, draft_runner=None,
                  slots: int = 8, max_queue: int = 64, eos_token_ids: frozenset[int] | None = None,
                  max_context: int | None = None, default_max_tokens: int = 256,
-                 spec_max_batch: int | None = None, lenience: float = 1.0, api_key: str | None = None,
+                 spec_max_batch: int | None = None, lenience: float = 1.0,
+                 api_key: str | list[str] | None = None,
                  public_metrics: bool = False, prefill_chunk: int | None = None, head=None,
-                 prompt_cache: bool = True) -> FastAPI:
+                 prompt_cache: bool = True, limits: ServerLimits | None = None, shared_cache: bool = False,
+                 tenant_header: str | None = None) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
     and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
@@ -40,6 +43,9 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     eagle / eagle3 / medusa method (factory.load_head); prompt_cache: a finished request's cache row
     stays in a free slot, and a later prompt that begins with its tokens prefills only the rest
     (engine/batch.py; exact, and reported as usage.prompt_tokens_details.cached_tokens).
+    api_key: one key or several (each a tenant: the prompt cache and suffix decoding's cache are shared
+    only within one, unless shared_cache); tenant_header: a header a trusted proxy sets, splitting
+    tenants further; limits: ServerLimits (server/guards.py), each a flag of `specdec serve`.
     """
     from specdec.factory import batch_proposer_for
 
@@ -69,4 +75,5 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,
                          int(time.time()), float(lenience))
-    return create_app(scheduler, served, api_key=api_key, public_metrics=public_metrics)
+    return create_app(scheduler, served, api_key=api_key, public_metrics=public_metrics, limits=limits,
+                      shared_cache=shared_cache, tenant_header=tenant_header)

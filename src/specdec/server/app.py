@@ -6,9 +6,12 @@
     GET  /health                200 while the engine thread runs, else 503
     GET  /metrics               Prometheus text format (server/metrics.py)
 
-With an API key (`specdec serve --api-key`, or $SPECDEC_API_KEY) every /v1 route, and
+With API keys (`specdec serve --api-key`, or $SPECDEC_API_KEY) every /v1 route, and
 /metrics unless it is made public, answers 401 to a request without
-`Authorization: Bearer KEY`; /health stays open for load balancers.
+`Authorization: Bearer KEY`; /health stays open for load balancers. Each key is a tenant: the
+prompt cache and suffix decoding's cache are shared only within one (server/guards.py), and
+every request is bounded (ServerLimits: body size and pace, prompt characters, max_tokens,
+stop strings, a deadline). docs/security.md has the whole list.
 
 Responses carry the usual `usage` and one extra object, `speculative`, with
 what speculation did for that request (drafted and accepted tokens, mean
@@ -20,11 +23,11 @@ status; no input can take the server down.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -37,6 +40,7 @@ from specdec.engine.batch import RowUpdate
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import chat_template_ids, encode_prompt
 from specdec.sampling.params import SamplingParams
+from specdec.server.guards import BoundedBody, RequireAPIKey, ServerLimits
 from specdec.server.protocol import (ERROR_RESPONSES, APIError, ChatCompletionRequest, CompletionRequest,
                                      SamplingRequest)
 from specdec.server.scheduler import EngineStopped, Job, JobFailed, QueueFull, Scheduler
@@ -46,8 +50,8 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -
 GENERATION_RESPONSES = {200: {"description": "the completion; with stream=true, server-sent events of chunks "
                                            "ending in `data: [DONE]`",
                             "content": {"application/json": {}, "text/event-stream": {}}}, **ERROR_RESPONSES}
-REJECTION_REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 429: "queue_full",
-                     503: "unavailable"}
+REJECTION_REASONS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 408: "body_timeout",
+                     413: "too_large", 429: "queue_full", 503: "unavailable"}
 
 
 @dataclass(frozen=True)
@@ -103,16 +107,26 @@ def chat_logprobs(items: list, tokenizer) -> dict:
                          "top_logprobs": [entry(t, lp) for t, lp in item.top]} for item in items]}
 
 
-def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None = None,
-               public_metrics: bool = False) -> FastAPI:
-    """api_key: required on /v1 (and /metrics unless public_metrics) as `Authorization: Bearer KEY`."""
+def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | Sequence[str] | None = None,
+               public_metrics: bool = False, limits: ServerLimits | None = None, shared_cache: bool = False,
+               tenant_header: str | None = None) -> FastAPI:
+    """api_key: one key or several, required on /v1 (and /metrics unless public_metrics) as
+    `Authorization: Bearer KEY`; each key is a tenant. tenant_header: a header a trusted proxy sets,
+    which splits a key's tenant further. shared_cache: one prompt cache and suffix cache for every
+    client, tenants ignored (an operator's choice: it leaks, see docs/security.md)."""
     metrics = scheduler.metrics
+    limits = limits or ServerLimits()
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+    # Tokenizing and chat templates run here, off the event loop (a long prompt would freeze every stream),
+    # one at a time: the engine thread needs the cores more than a second tokenizer does.
+    tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenize")
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         scheduler.start()
         yield
         await asyncio.to_thread(scheduler.stop)
+        tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
     app.state.scheduler = scheduler  # for operators and tests: the engine behind the routes
@@ -147,26 +161,30 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
     async def unexpected(_request, error: Exception):
         return error_response(APIError(500, f"internal error: {error}", type="server_error"))
 
-    # ---- access: an API key, compared in constant time ------------------------------------------
+    # ---- access and bounds: pure ASGI (server/guards.py), so disconnects still reach the handlers ----
 
-    if api_key:
-        guarded = ("/v1/",) if public_metrics else ("/v1/", "/metrics")
-        expected = f"Bearer {api_key}".encode()
+    app.add_middleware(BoundedBody, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s,
+                       reject=error_response)
+    if keys:  # added last: the outermost, so a request without a key is refused before its body is read
+        app.add_middleware(RequireAPIKey, keys=keys, reject=error_response,
+                           guarded=("/v1/",) if public_metrics else ("/v1/", "/metrics"))
 
-        @app.middleware("http")
-        async def require_key(request: HTTPRequest, call_next):
-            if request.url.path.startswith(guarded) and not hmac.compare_digest(
-                    request.headers.get("authorization", "").encode(), expected):
-                return error_response(APIError(
-                    401, "missing or incorrect API key: send it as 'Authorization: Bearer KEY'",
-                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
-            return await call_next(request)
+    def tenant_of(http_request: HTTPRequest) -> str | None:
+        """Whose caches a request may share: its key's tenant, split by the trusted header if set."""
+        if shared_cache:
+            return None
+        tenant = http_request.scope.get("state", {}).get("tenant", "")
+        if tenant_header:
+            tenant = f"{tenant}/{http_request.headers.get(tenant_header, '')}"
+        return tenant or None
 
     # ---- plain endpoints --------------------------------------------------------------------
 
     @app.get("/health")
     async def health():
         body = {"status": "ok" if scheduler.alive else "unavailable", "running": scheduler.engine.running}
+        if scheduler.broken is not None:
+            body["error"] = scheduler.broken
         return JSONResponse(body, status_code=200 if scheduler.alive else 503)
 
     @app.get("/v1/models")
@@ -184,9 +202,12 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
 
     @app.post("/v1/completions", responses=GENERATION_RESPONSES)
     async def completions(body: CompletionRequest, http_request: HTTPRequest):
+        _check_request(body)
         prompt = body.prompt_input
-        ids = _encode(lambda: _checked(prompt), "prompt")
-        jobs = _submit(body, ids, "completions", default_max_tokens=16)  # OpenAI's default for completions
+        _check_prompt_chars(len(prompt) if isinstance(prompt, str) else 0, "prompt")
+        ids = await _encode(lambda: _checked(prompt), "prompt")
+        jobs = _submit(body, ids, "completions", default_max_tokens=16,  # OpenAI's default for completions
+                       tenant=tenant_of(http_request))
         response_id = f"cmpl-{uuid.uuid4().hex}"
 
         def chunk(text: str, finish: str | None, logprobs: list | None = None, index: int = 0) -> dict:
@@ -211,11 +232,14 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
     async def chat_completions(body: ChatCompletionRequest, http_request: HTTPRequest):
         if not getattr(served.tokenizer, "chat_template", None):
             raise APIError(400, f"{served.name} has no chat template; use /v1/completions", param="messages")
+        _check_request(body)
         messages = [message.as_template_message() for message in body.messages]
-        ids = _encode(lambda: _checked(chat_template_ids(served.tokenizer, messages)), "messages")
+        _check_prompt_chars(sum(len(message["content"]) for message in messages), "messages")
+        ids = await _encode(lambda: _checked(chat_template_ids(served.tokenizer, messages)), "messages")
         if body.max_completion_tokens is not None:
             body = body.model_copy(update={"max_tokens": body.max_completion_tokens})
-        jobs = _submit(body, ids, "chat", default_max_tokens=served.default_max_tokens)
+        jobs = _submit(body, ids, "chat", default_max_tokens=served.default_max_tokens,
+                       tenant=tenant_of(http_request))
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
 
         def chunk(text: str | None, finish: str | None, logprobs: list | None = None, index: int = 0) -> dict:
@@ -247,24 +271,47 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
     def _checked(prompt: str | list[int]) -> list[int]:
         return encode_prompt(served.tokenizer, prompt, served.max_context, vocab_size=served.vocab_size)
 
-    def _encode(encode, param: str) -> list[int]:
-        try:
-            return encode()
-        except ValueError as error:
-            code = "context_length_exceeded" if "context" in str(error) else None
-            raise APIError(400, str(error), param=param, code=code) from None
-        except Exception as error:  # noqa: BLE001 - e.g. a chat template that rejects the messages
-            raise APIError(400, f"could not encode the {param}: {error}", param=param) from None
-
-    def _submit(body: SamplingRequest, ids: list[int], endpoint: str, default_max_tokens: int) -> list[Job]:
+    def _check_request(body: SamplingRequest) -> None:
+        """What can be refused before any work: the model's name, unsupported options, the limits."""
         if body.model != served.name:
             raise APIError(404, f"the model {body.model!r} does not exist; this server serves {served.name!r}",
                            param="model", code="model_not_found")
         unsupported = body.unsupported()
         if unsupported:
             raise APIError(400, f"not supported by specdec: {', '.join(unsupported)}", code="unsupported")
+        wanted = body.max_completion_tokens if isinstance(body, ChatCompletionRequest) and \
+            body.max_completion_tokens is not None else body.max_tokens
+        if limits.max_tokens_cap is not None and wanted is not None and wanted > limits.max_tokens_cap:
+            raise APIError(400, f"max_tokens is {wanted}; this server allows at most {limits.max_tokens_cap} "
+                                f"(specdec serve --max-tokens-cap)", param="max_tokens")
+        stops = body.stop_strings
+        longest, total = max((len(stop) for stop in stops), default=0), sum(len(stop) for stop in stops)
+        if longest > limits.max_stop_chars or total > 4 * limits.max_stop_chars:
+            raise APIError(400, f"stop strings may be at most {limits.max_stop_chars} characters each and "
+                                f"{4 * limits.max_stop_chars} in all (got {longest} and {total}; specdec serve "
+                                f"--max-stop-chars)", param="stop")
+
+    def _check_prompt_chars(chars: int, param: str) -> None:
+        bound = limits.prompt_chars(served.max_context)
+        if chars > bound:
+            raise APIError(400, f"the {param} has {chars} characters; this server reads at most {bound} "
+                                f"(specdec serve --max-prompt-chars)", param=param, code="context_length_exceeded")
+
+    async def _encode(encode, param: str) -> list[int]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(tokenizing, encode)
+        except ValueError as error:
+            code = "context_length_exceeded" if "context" in str(error) else None
+            raise APIError(400, str(error), param=param, code=code) from None
+        except Exception as error:  # noqa: BLE001 - e.g. a chat template that rejects the messages
+            raise APIError(400, f"could not encode the {param}: {error}", param=param) from None
+
+    def _submit(body: SamplingRequest, ids: list[int], endpoint: str, default_max_tokens: int,
+                tenant: str | None) -> list[Job]:
         logprob_count = body.logprob_count()
         room = served.max_context - len(ids)
+        if limits.max_tokens_cap is not None:
+            default_max_tokens = min(default_max_tokens, limits.max_tokens_cap)
         max_tokens = body.max_tokens if body.max_tokens is not None else min(default_max_tokens, room)
         if max_tokens > room:
             raise APIError(400, f"this model's context is {served.max_context} tokens; the prompt has {len(ids)} "
@@ -283,7 +330,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
         jobs: list[Job] = []
         try:
             for request in requests:
-                jobs.append(scheduler.submit(request, endpoint))
+                jobs.append(scheduler.submit(request, endpoint, tenant=tenant, deadline_s=limits.deadline_s))
             return jobs
         except QueueFull as error:
             raise APIError(429, f"the server is at capacity ({error}); retry shortly", type="rate_limit_error",
@@ -312,7 +359,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | None
             if event is None:
                 continue
             if isinstance(event, JobFailed):
-                raise APIError(event.status, event.message, type="server_error")
+                raise APIError(event.status, event.message, type="server_error", code=event.code)
             yield event
             if event.finish_reason is not None:
                 return

@@ -47,8 +47,12 @@ ERROR_RESPONSES = {status: {"model": ErrorBody, "description": description} for 
     (400, "invalid request: malformed JSON, a field of the wrong type or out of range, a prompt too long"),
     (401, "the server has an API key and the request did not send it (Authorization: Bearer KEY)"),
     (404, "the model is not the one this server serves"),
+    (408, "the request body arrived too slowly (specdec serve --body-timeout)"),
+    (413, "the request body is larger than the server's limit (specdec serve --max-body-mb)"),
     (429, "the queue is full; retry after the Retry-After header's seconds"),
-    (503, "the engine is not running (starting or shutting down)"),
+    (500, "this request failed on its own (e.g. the model's logits held no token to emit); others go on"),
+    (503, "the engine is not running (starting, shutting down, or broken: /health says why)"),
+    (504, "the request ran past the server's deadline (specdec serve --request-deadline)"),
 )}
 
 

@@ -4,10 +4,16 @@ The engine runs in its own thread, so the event loop stays free to accept
 connections and stream while a step computes (torch releases the GIL). Handlers
 submit() a Job and read its updates from an asyncio queue the engine thread
 fills through loop.call_soon_threadsafe. Between steps the thread admits
-waiting jobs into free rows, drops cancelled ones (their clients went away),
-and steps the batch. The waiting queue is bounded: past max_queue, submit()
-raises QueueFull and the handler answers 429 instead of letting memory and
-latency grow without limit.
+waiting jobs into free rows, drops cancelled ones (their clients went away)
+and those past their deadline, and steps the batch. The waiting queue is bounded:
+past max_queue, submit() raises QueueFull and the handler answers 429 instead of
+letting memory and latency grow without limit.
+
+The engine thread never dies of an error: a failure that is one request's own fails that request
+(engine/batch.py's RowUpdate.error); any other exception fails the requests holding rows, with a 500,
+and the thread serves on from an empty batch. Only when that recovery itself fails, or
+MAX_CONSECUTIVE_FAILURES iterations in a row fail, is the engine taken as broken: every job fails,
+submit() refuses (503), and /health says 503 with the reason.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class JobFailed:
 
     message: str
     status: int = 500
+    code: str | None = None
 
 
 @dataclass(eq=False)
@@ -53,6 +60,8 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # RowUpdate | JobFailed
     cancelled: bool = False  # set by the event loop; read by the engine thread between steps
     last_token_at: float | None = None  # None until the first token
+    tenant: str | None = None  # whose cached prompts and outputs it may share (server/guards.py)
+    deadline: float | None = None  # perf_counter time past which it fails with 504; None: never
 
     def deliver(self, event: RowUpdate | JobFailed) -> None:
         try:
@@ -72,19 +81,25 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.broken: str | None = None  # why the engine cannot serve any more (recovery failed)
 
     # ---- event-loop side ----------------------------------------------------------------------
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return self._thread is not None and self._thread.is_alive() and not self._stopping and self.broken is None
 
-    def submit(self, request: Request, endpoint: str) -> Job:
-        """Queue a validated request; raises QueueFull or EngineStopped."""
-        job = Job(request, asyncio.get_running_loop(), endpoint)
+    def submit(self, request: Request, endpoint: str, *, tenant: str | None = None,
+               deadline_s: float | None = None) -> Job:
+        """Queue a validated request; raises QueueFull or EngineStopped. deadline_s: it fails with 504
+        if still running that long from now."""
+        job = Job(request, asyncio.get_running_loop(), endpoint, tenant=tenant)
+        if deadline_s is not None:
+            job.deadline = job.submitted + deadline_s
         with self._wake:
             if not self.alive:
-                raise EngineStopped("the engine is not running")
+                raise EngineStopped(f"the engine is broken ({self.broken}); the server must be restarted"
+                                    if self.broken else "the engine is not running")
             # Free rows count as room too: a burst up to slots + max_queue is taken.
             if len(self._waiting) >= self.max_queue + self.engine.free_slots:
                 raise QueueFull(f"{len(self._running)} requests running and {len(self._waiting)} waiting")
@@ -116,21 +131,71 @@ class Scheduler:
 
     # ---- engine thread ------------------------------------------------------------------------
 
+    MAX_CONSECUTIVE_FAILURES = 3
+
     def _serve(self) -> None:
+        failures = 0
         while True:
-            with self._wake:
-                while not self._stopping and not self._waiting and not self._running:
-                    self._wake.wait()
-                if self._stopping:
+            try:
+                if not self._serve_once():
                     break
-                self._drop_cancelled()
-                admit = self._take_admissible()
-            for job in admit:  # prefill outside the lock: submit() must not wait for it
-                self._admit(job)
-            if self.engine.running:
-                self._step()
+                failures = 0
+            except Exception as error:  # noqa: BLE001 - the thread must outlive any one failure
+                failures += 1
+                log.exception("engine thread: unexpected error")
+                if failures >= self.MAX_CONSECUTIVE_FAILURES:
+                    self._break(f"{failures} failures in a row, the last: {error}")
+                    return
+                if not self._recover(error):
+                    self._break(f"{error}, and emptying the batch after it failed too")
+                    return
         for job in [*self._running.values(), *self._waiting]:
             job.deliver(JobFailed("the server is shutting down", 503))
+
+    def _serve_once(self) -> bool:
+        """One iteration: drop cancelled and expired jobs, admit, step. False: stop."""
+        with self._wake:
+            while not self._stopping and not self._waiting and not self._running:
+                self._wake.wait()
+            if self._stopping:
+                return False
+            self._drop_cancelled()
+            admit = self._take_admissible()
+        for job in admit:  # prefill outside the lock: submit() must not wait for it
+            self._admit(job)
+        if self.engine.running:
+            self._step()
+        return True
+
+    def _recover(self, error: Exception) -> bool:
+        """Fail the jobs holding rows (their state is unknown after the error) and empty the batch;
+        waiting jobs keep their place. False if even that fails."""
+        try:
+            for handle in self.engine.clear():
+                job = self._running.pop(handle, None)
+                if job is not None:
+                    job.deliver(JobFailed(f"generation failed: {error}"))
+                    self._finish(job, "error")
+            for job in list(self._running.values()):  # admitted but unknown to the engine
+                job.deliver(JobFailed(f"generation failed: {error}"))
+                self._finish(job, "error")
+            self._running.clear()
+            self.metrics.running.set(0)
+            return True
+        except Exception:  # noqa: BLE001
+            log.exception("engine thread: recovery failed")
+            return False
+
+    def _break(self, reason: str) -> None:
+        """The engine cannot serve: every job fails, submit() refuses, /health says why."""
+        with self._wake:
+            self.broken = reason
+            jobs = [*self._running.values(), *self._waiting]
+            self._running.clear()
+            self._waiting.clear()
+        for job in jobs:
+            job.deliver(JobFailed(f"the engine is broken ({reason}); the server must be restarted", 503,
+                                  "unavailable"))
 
     def _take_admissible(self) -> list[Job]:
         admit = []
@@ -140,21 +205,31 @@ class Scheduler:
         return admit
 
     def _drop_cancelled(self) -> None:
-        for job in [job for job in self._waiting if job.cancelled]:
+        now = time.perf_counter()
+        for job in [job for job in self._waiting if job.cancelled or self._expired(job, now)]:
             self._waiting.remove(job)
-            self._finish(job, "cancelled")
+            self._finish(job, "cancelled" if job.cancelled else "deadline")
         for handle, job in list(self._running.items()):
-            if job.cancelled:
+            if job.cancelled or self._expired(job, now):
                 self.engine.remove(handle)
                 del self._running[handle]
-                self._finish(job, "cancelled")
+                self._finish(job, "cancelled" if job.cancelled else "deadline")
         self.metrics.running.set(len(self._running))
+
+    @staticmethod
+    def _expired(job: Job, now: float) -> bool:
+        """Past its deadline: told so with a 504 (a cancelled job's client is gone: told nothing)."""
+        if job.cancelled or job.deadline is None or now < job.deadline:
+            return False
+        job.deliver(JobFailed(f"the request ran past this server's deadline of {job.deadline - job.submitted:g} s "
+                              f"(specdec serve --request-deadline)", 504, "deadline_exceeded"))
+        return True
 
     def _admit(self, job: Job) -> None:
         self.metrics.queue_time.observe(time.perf_counter() - job.submitted)
         reused_before = self.engine.reused_prompt_tokens
         try:
-            self.engine.add(job.id, job.request)
+            self.engine.add(job.id, job.request, tenant=job.tenant)
         except Exception as error:  # noqa: BLE001 - one bad request must not stop the server
             log.exception("prefill failed")
             job.deliver(JobFailed(f"prefill failed: {error}"))
