@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import Request, TokenLogprob, check_generation_options, common_prefix_length, \
-    encode_prompt
+from specdec.engine.request import MAX_STOP_STRING_CHARS, Request, TokenLogprob, check_generation_options, \
+    common_prefix_length, encode_prompt
 from specdec.engine.step import Row, commit_row, prefill, record_tree_step, run_adaptive_step
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
@@ -136,10 +136,14 @@ class BatchEngine:
 
     def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                      max_new_tokens: int = 128, stop: Sequence[str] = (), chat: bool = False,
-                     ignore_eos: bool = False, logprobs: int | None = None) -> Request:
+                     ignore_eos: bool = False, logprobs: int | None = None,
+                     max_stop_chars: int = MAX_STOP_STRING_CHARS) -> Request:
         """Validate and encode; raises ValueError for bad input, before anything runs.
-        logprobs: report each token's log-probability and this many top alternatives (None: off)."""
-        stop = check_generation_options(max_new_tokens, stop)
+        logprobs: report each token's log-probability and this many top alternatives (None: off).
+        max_stop_chars: each stop string's most characters, and a quarter of all of theirs (a server's
+        --max-stop-chars)."""
+        stop = check_generation_options(max_new_tokens, stop, max_stop_string_chars=max_stop_chars,
+                                        max_stop_chars_total=4 * max_stop_chars)
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS} or None, got {logprobs!r}")

@@ -1,12 +1,19 @@
-"""Per-request state: committed tokens, and where generation must stop.
+"""Per-request state: committed tokens, their text, and where generation must stop.
 
 The verifier may accept a whole draft in one go; this is where EOS, stop
 strings and max_new_tokens cut it, token by token, so that nothing past them
 is ever emitted, whichever step they fall in.
+
+The engine thread serves every client, so the per-token work here must not grow
+with the answer: the text is detokenized incrementally (IncrementalText) and the
+stop strings are searched for only in the new characters (StopStringMatcher),
+so that a token costs the same at the 10th and the 10,000th position.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -50,15 +57,43 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int], max_context: int, chat
     return list(ids)
 
 
-def check_generation_options(max_new_tokens: int, stop: Sequence[str] | str) -> tuple[str, ...]:
-    """Validate max_new_tokens and stop strings; returns the stop strings as a tuple."""
+# Limits on a request's stop strings. OpenAI accepts up to 4 stop sequences; vLLM sets no limit.
+# Real stop strings are short markers ("\n\n", "</answer>", "Observation:"), and 16 leaves room
+# for tool and chat markers. Matching costs the same per character however long they are
+# (StopStringMatcher), but each request builds a table as long as its stop strings, and a stop
+# string of n characters makes the stream hold back up to n - 1 characters; 1,000 characters per
+# string and 4,000 in all are far past any real marker and keep both small. The server checks the
+# count in its request body too (server/protocol.py's MAX_STOP_STRINGS); an operator may pass
+# other limits to check_generation_options.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 1_000
+MAX_STOP_CHARS_TOTAL = 4_000
+
+
+def check_generation_options(max_new_tokens: int, stop: Sequence[str] | str, *,
+                             max_stop_strings: int = MAX_STOP_STRINGS,
+                             max_stop_string_chars: int = MAX_STOP_STRING_CHARS,
+                             max_stop_chars_total: int = MAX_STOP_CHARS_TOTAL) -> tuple[str, ...]:
+    """Validate max_new_tokens and stop strings (their count and lengths against the limits given);
+    returns the stop strings as a tuple."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if isinstance(stop, str):
         stop = (stop,)
+    stop = tuple(stop)
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError("stop strings must be non-empty strings")
-    return tuple(stop)
+    if len(stop) > max_stop_strings:
+        raise ValueError(f"at most {max_stop_strings} stop strings are allowed, got {len(stop)}")
+    longest = max(stop, key=len, default="")
+    if len(longest) > max_stop_string_chars:
+        raise ValueError(f"a stop string may have at most {max_stop_string_chars} characters; "
+                         f"stop string {stop.index(longest)} has {len(longest)}")
+    total = sum(map(len, stop))
+    if total > max_stop_chars_total:
+        raise ValueError(f"the stop strings may have at most {max_stop_chars_total} characters in all, "
+                         f"got {total}")
+    return stop
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -97,6 +132,181 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], params: SamplingP
     return [TokenLogprob(token, value, tuple(alts)) for token, value, alts in zip(token_ids, chosen, alternatives)]
 
 
+REPLACEMENT_CHAR = "\ufffd"  # what an incomplete UTF-8 sequence decodes to, until its last byte comes
+
+
+def decodes_piecewise(tokenizer) -> bool:
+    """Whether decode(a + b) == decode(a) + decode(b) for this tokenizer whenever decode(a) ends on a
+    whole character (not U+FFFD), so that an answer can be decoded a few tokens at a time.
+
+    True for the Hugging Face tokenizers whose decoder joins the tokens' bytes and reads them as UTF-8
+    (ByteLevel: GPT-2, Llama 3, Qwen, SmolLM) or joins their strings (Fuse), with no clean-up pass.
+    False for the rest: SentencePiece's decoders strip the text's first space, WordPiece's join with
+    spaces and its clean-up rewrites " ." as ".", so a token's text depends on what precedes it; those
+    are decoded whole (IncrementalText)."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return False
+    from tokenizers import decoders  # transformers' own dependency; only a tokenizer that has a decoder gets here
+
+    return isinstance(decoder, (decoders.ByteLevel, decoders.Fuse))
+
+
+class IncrementalText:
+    """tokenizer.decode(ids, skip_special_tokens=True) of a token list that grows at its end, at a
+    cost linear in its length.
+
+    New tokens are decoded together with the few before them that do not yet end on a whole
+    character, the incremental detokenizing of HF's TextStreamer, vLLM and TGI's decode_token. Those
+    also keep a window of earlier tokens as context, for SentencePiece's leading space; a piecewise
+    decoder (decodes_piecewise) needs none, and only for those is the result exact, so any other
+    tokenizer decodes the whole list at each call, as before.
+
+    The text is the stable part and `pending`. The stable part begins the decode of every longer
+    list. Pending is the text of the tokens after it, ending in U+FFFD: an incomplete UTF-8
+    character, kept until a token ends one. (Where an answer is only U+FFFD characters, real or from
+    bytes that are not UTF-8, they stay pending and are decoded again with each new token.) Not
+    piecewise: the stable part is the whole decode less its trailing U+FFFD, and a later token may
+    rewrite it; `kept` says how much of it the last call left unchanged.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.piecewise = decodes_piecewise(tokenizer)
+        self._all_ids: list[int] = []  # not piecewise: the whole list, decoded at each call
+        self._pending_ids: list[int] = []  # piecewise: the tokens after the last whole character
+        self._pieces: list[str] = []  # the stable text, in pieces: appending one copies nothing
+        self._piece_ends: list[int] = []  # where each piece ends in the stable text
+        self.pending = ""
+        self.kept = 0  # characters of the stable text before the last extend() that it left unchanged
+
+    @property
+    def stable_chars(self) -> int:
+        return self._piece_ends[-1] if self._piece_ends else 0
+
+    @property
+    def text(self) -> str:
+        """The whole text; joins the pieces once (their length), so read it at the end, not per token."""
+        if len(self._pieces) > 1:
+            self._pieces, self._piece_ends = ["".join(self._pieces)], [self.stable_chars]
+        return (self._pieces[0] if self._pieces else "") + self.pending
+
+    def text_from(self, start: int) -> str:
+        """The text from character `start` on, at a cost of its length (and of the pieces it spans)."""
+        stable_chars = self.stable_chars
+        if start >= stable_chars:
+            return self.pending[start - stable_chars:]
+        first = bisect.bisect_right(self._piece_ends, start)  # the piece holding character `start`
+        first_start = self._piece_ends[first] - len(self._pieces[first])
+        return "".join(self._pieces[first:])[start - first_start:] + self.pending
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        if not token_ids:
+            return
+        stable_chars = self.stable_chars
+        if self.piecewise:
+            self._pending_ids += token_ids
+            text = self._tokenizer.decode(self._pending_ids, skip_special_tokens=True)
+            if text.endswith(REPLACEMENT_CHAR):
+                self.pending = text
+            else:  # it ends on a whole character: the tokens after it decode on their own
+                self._pieces.append(text)
+                self._piece_ends.append(stable_chars + len(text))
+                self._pending_ids, self.pending = [], ""
+            self.kept = stable_chars
+            return
+        self._all_ids += token_ids
+        text = self._tokenizer.decode(self._all_ids, skip_special_tokens=True)
+        stable, before = text.rstrip(REPLACEMENT_CHAR), self._pieces[0] if self._pieces else ""
+        self.kept = stable_chars if stable.startswith(before) else common_prefix_length(before, stable, stable_chars)
+        self._pieces, self._piece_ends = [stable], [len(stable)]
+        self.pending = text[len(stable):]
+
+
+@functools.lru_cache(maxsize=64)  # n choices of one request share their stop strings: built once
+def _borders(stop: str) -> tuple[int, ...]:
+    """borders[n]: the length of the longest proper prefix of stop[:n] that is also its suffix
+    (Knuth-Morris-Pratt's failure function)."""
+    borders, length = [0] * (len(stop) + 1), 0
+    for i in range(1, len(stop)):
+        while length and stop[i] != stop[length]:
+            length = borders[length]
+        if stop[i] == stop[length]:
+            length += 1
+        borders[i + 1] = length
+    return tuple(borders)
+
+
+class StopStringMatcher:
+    """Finds the first stop string in a text that grows at its end, reading each character once.
+
+    One Knuth-Morris-Pratt automaton per stop string (Knuth, Morris & Pratt, SIAM J. Comput. 1977):
+    its state is the length of the longest end of the text read so far that begins the stop string.
+    A new character costs O(1) amortized per stop string, however long the text and the stop strings,
+    where searching the text again after each token cost its whole length. The state is also what
+    text_delta must hold back: the end of the text that could still grow into a stop string.
+
+    Only the stable text (IncrementalText) moves the states; the pending text, which a later token may
+    change, is read from a copy of them each time.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self._borders = [_borders(stop) for stop in self.stops]
+        self._states = [0] * len(self.stops)
+        self._longest = max(map(len, self.stops))
+        self.checked = 0  # characters of the stable text that the states have read
+
+    def find(self, text: IncrementalText) -> int | None:
+        """Where the earliest stop string starts in the text, or None. A stop string that was in the
+        text at the previous call was found then, so only those ending in the new text are looked for."""
+        if text.kept < self.checked:
+            # A whole decode rewrote the text from `kept` on. A state spans at most the last
+            # (longest - 1) characters, so reading again from there, from empty states, rebuilds them.
+            self.checked = max(0, text.kept - (self._longest - 1))
+            self._states = [0] * len(self.stops)
+        new = text.text_from(self.checked)
+        new_stable = new[: text.stable_chars - self.checked]
+        found = self._read(self._states, new_stable, self.checked)
+        self.checked = text.stable_chars
+        in_pending = self._read(list(self._states), text.pending, self.checked)
+        return min((start for start in (found, in_pending) if start is not None), default=None)
+
+    def holdback(self, after: str) -> int:
+        """How many characters at the end of the text read so far followed by `after` could begin a
+        stop string (`after`: pending text about to be shown)."""
+        states = list(self._states)
+        self._read(states, after, self.checked)
+        return max(states)
+
+    def _read(self, states: list[int], chars: str, offset: int) -> int | None:
+        """Advance each stop string's state over chars (the text from character `offset`), in place.
+        Returns where the earliest stop string completed in them starts, or None."""
+        earliest, end = None, len(chars)
+        for index, (stop, borders) in enumerate(zip(self.stops, self._borders)):
+            state, position, length, first = states[index], 0, len(stop), stop[0]
+            if state == length:  # found already (in the stable text before this pending text)
+                continue
+            while position < end:
+                char = chars[position]
+                if state == 0 and char != first:  # skip to where the stop string could begin, in C
+                    position = chars.find(first, position + 1)
+                    if position < 0:
+                        break
+                    char = chars[position]
+                while state and stop[state] != char:
+                    state = borders[state]
+                if stop[state] == char:
+                    state += 1
+                    if state == length:
+                        start = offset + position + 1 - length
+                        earliest = start if earliest is None else min(earliest, start)
+                        break
+                position += 1
+            states[index] = state
+        return earliest
+
+
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -109,12 +319,19 @@ class Request:
     logprobs: int | None = None  # None: none; N >= 0: each token's log-probability and its N top alternatives
     token_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked
     finish_reason: str | None = None  # "eos" | "stop" | "length"
-    text: str = ""
-    _streamed_chars: int = 0
+    _text: IncrementalText | None = field(default=None, init=False, repr=False)
+    _stops: StopStringMatcher | None = field(default=None, init=False, repr=False)
+    _cut_text: str | None = field(default=None, init=False, repr=False)  # the text, cut at a stop string
+    _streamed_chars: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
+        if self.tokenizer is not None:
+            self._text = IncrementalText(self.tokenizer)
+            self._text.extend(self.generated)
+        if self.stop:
+            self._stops = StopStringMatcher(self.stop)
 
     @property
     def finished(self) -> bool:
@@ -124,6 +341,13 @@ class Request:
     def remaining(self) -> int:
         return self.max_new_tokens - len(self.generated)
 
+    @property
+    def text(self) -> str:
+        """The answer's text: decode(generated, skip_special_tokens=True), cut before a stop string."""
+        if self._cut_text is not None:
+            return self._cut_text
+        return self._text.text if self._text is not None else ""
+
     def commit(self, new_ids: list[int]) -> list[int]:
         """Append verified tokens one at a time until a stop condition; return those kept."""
         kept: list[int] = []
@@ -132,14 +356,16 @@ class Request:
                 break
             self.generated.append(token)
             kept.append(token)
+            if self._stops is not None:  # a stop string is looked for after each token: decode each
+                self._text.extend([token])
             if token in self.eos_token_ids:
                 self.finish_reason = "eos"
             elif self._cut_at_stop_string():
                 self.finish_reason = "stop"
             elif self.remaining <= 0:
                 self.finish_reason = "length"
-        if self.tokenizer is not None and self.finish_reason != "stop":
-            self.text = self._decode()
+        if self._text is not None and self._stops is None and kept:
+            self._text.extend(kept)
         return kept
 
     def finish(self, reason: str) -> None:
@@ -151,32 +377,28 @@ class Request:
         Held back while unfinished: an incomplete UTF-8 sequence (decoded as
         U+FFFD) and any tail that could still grow into a stop string.
         """
-        end = len(self.text)
-        if not self.finished:
-            while end > self._streamed_chars and self.text[end - 1] == "\ufffd":
-                end -= 1
-            for stop in self.stop:
-                for n in range(min(len(stop) - 1, end), 0, -1):
-                    if self.text[:end].endswith(stop[:n]):
-                        end -= n
-                        break
-        end = max(end, self._streamed_chars)
-        delta = self.text[self._streamed_chars : end]
+        if self._text is None:
+            return ""
+        if self.finished:
+            text = self.text
+            delta = text[self._streamed_chars:]
+            self._streamed_chars = max(self._streamed_chars, len(text))
+            return delta
+        shown_pending = self._text.pending.rstrip(REPLACEMENT_CHAR)
+        end = self._text.stable_chars + len(shown_pending)
+        if self._stops is not None:
+            end -= self._stops.holdback(shown_pending)
+        if end <= self._streamed_chars:
+            return ""
+        delta = self._text.text_from(self._streamed_chars)[: end - self._streamed_chars]
         self._streamed_chars = end
         return delta
 
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.generated, skip_special_tokens=True)
-
     def _cut_at_stop_string(self) -> bool:
-        if not self.stop:
+        if self._stops is None:
             return False
-        full = self._decode()
-        # Only the tail can hold a new match: text before it was checked already.
-        start = max(0, len(self.text) - max(len(s) for s in self.stop))
-        hits = [i for i in (full.find(s, start) for s in self.stop) if i >= 0]
-        if hits:
-            self.text = full[: min(hits)]
-            return True
-        self.text = full
-        return False
+        start = self._stops.find(self._text)
+        if start is None:
+            return False
+        self._cut_text = self._text.text[:start]
+        return True

@@ -324,7 +324,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | Sequ
                                     min_p=body.min_p, seed=None if body.seed is None else body.seed + index,
                                     lenience=served.lenience),
                 max_new_tokens=max_tokens, stop=body.stop_strings, ignore_eos=body.ignore_eos,
-                logprobs=logprob_count) for index in range(body.n)]
+                logprobs=logprob_count, max_stop_chars=limits.max_stop_chars) for index in range(body.n)]
         except ValueError as error:
             raise APIError(400, str(error)) from None
         jobs: list[Job] = []
