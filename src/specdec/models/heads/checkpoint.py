@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specdec.models.atomic_files import atomic_path, write_safetensors
 from specdec.models.heads.config import HeadConfig
 from specdec.models.heads.eagle import EagleHead
 from specdec.models.heads.eagle3 import Eagle3Head
@@ -34,18 +35,25 @@ def build_head(config: HeadConfig) -> nn.Module:
     return EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)
 
 
-def save_head(path: Path, head: nn.Module, config: HeadConfig, vocab_ids: torch.Tensor,
-              extra: dict | None = None) -> None:
-    """The trainable weights as safetensors; config, vocabulary and `extra` (training state) as metadata."""
-    from safetensors.torch import save_file
-
+def write_head_file(path: Path, head: nn.Module, config: HeadConfig, vocab_ids: torch.Tensor,
+                    extra: dict | None = None) -> None:
+    """Write the checkpoint at exactly `path`, not atomically: for callers that rename it into place
+    themselves (save_head; training/checkpoints.py, which writes a head and its optimizer as one unit)."""
     tensors = {name: value.detach().contiguous().cpu() for name, value in head.state_dict().items()}
     tensors["vocab_ids"] = vocab_ids.to(torch.int64).cpu().contiguous()
     metadata = {"specdec_head": json.dumps(asdict(config)), "extra": json.dumps(extra or {})}
+    write_safetensors(path, tensors, metadata)
+
+
+def save_head(path: Path, head: nn.Module, config: HeadConfig, vocab_ids: torch.Tensor,
+              extra: dict | None = None) -> None:
+    """The trainable weights as safetensors; config, vocabulary and `extra` (training state) as metadata.
+
+    Written under a temporary name, fsynced and renamed (models/atomic_files.py): a kill or a power cut
+    leaves the old checkpoint or the new one under `path`, never a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    save_file(tensors, str(partial), metadata=metadata)
-    partial.replace(path)  # never a half-written checkpoint under the real name
+    with atomic_path(path) as partial:
+        write_head_file(partial, head, config, vocab_ids, extra)
 
 
 @dataclass
@@ -64,12 +72,15 @@ def load_head(path: Path | str, *, dtype: torch.dtype = torch.float32, device: t
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no head checkpoint at {path}")
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except Exception as error:  # safetensors raises its own SafetensorError (and OSError) on a cut file
+        raise ValueError(f"{path} is not a readable safetensors file (truncated or damaged?): {error}") from None
     if "specdec_head" not in metadata:
         raise ValueError(f"{path} is not a specdec head checkpoint (no 'specdec_head' metadata)")
     config = HeadConfig(**json.loads(metadata["specdec_head"]))
-    tensors = load_file(str(path))
     vocab_ids = tensors.pop("vocab_ids")
     module = build_head(config)
     module.load_state_dict(tensors, strict=False)

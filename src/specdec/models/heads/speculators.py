@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.models.atomic_files import atomic_path, write_safetensors
 from specdec.models.heads.checkpoint import LoadedHead, build_head
 from specdec.models.heads.config import HeadConfig
 from specdec.models.heads.layers import FrozenVocabulary
@@ -63,8 +64,6 @@ def export_speculators(head: LoadedHead, vocab: FrozenVocabulary, out_dir: Path 
                        speculative_tokens: int = 3, eos_token_id: int | list[int] | None = None,
                        dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write a trained eagle3 head as a speculators directory (config.json, model.safetensors)."""
-    from safetensors.torch import save_file
-
     config = head.config
     if config.kind != "eagle3":
         raise ValueError(f"only eagle3 heads have a speculators layout; this one is {config.kind}")
@@ -107,8 +106,12 @@ def export_speculators(head: LoadedHead, vocab: FrozenVocabulary, out_dir: Path 
         "torch_dtype": str(dtype).removeprefix("torch."),
         "specdec": {"trained_on": config.target, "heldout_accuracies": config.accuracies},
     }
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(document, indent=2) + "\n")
+    # Each file whole under its name, config.json last: a directory is a speculators head once it has
+    # one (is_speculators_dir), so a killed export never looks like a finished one.
+    with atomic_path(out / "model.safetensors") as partial:
+        write_safetensors(partial, tensors, {"format": "pt"})
+    with atomic_path(out / "config.json") as partial:
+        partial.write_text(json.dumps(document, indent=2) + "\n")
     return out
 
 
