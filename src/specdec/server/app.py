@@ -482,7 +482,7 @@ def create_app(scheduler: Scheduler, served: ServedModel, *, api_key: str | Sequ
 def _lower_priority(niceness: int = 10) -> None:
     """Make the calling thread yield the CPU to the engine's (Linux keeps a nice value per thread;
     raising it needs no privilege). A 900,000-character prompt beside a stream: benchmarks/RESULTS.md,
-    "Hostile requests beside a stream"."""
+    "Hostile requests beside a stream (issue 59)"."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
     except (AttributeError, OSError):  # not Linux, or not allowed: tokenize at the usual priority
