@@ -1,0 +1,165 @@
+"""Choose among copy candidates by a learned score, on recorded greedy answers (issue 60, item 1).
+
+Every step's candidates (analysis/candidates.py: every earlier occurrence of the context's tail
+in the prompt, the answer so far and, in a stream, every earlier prompt and answer) are collected
+from each run's answers; a logistic hazard, and a regression tree (--tree-depth), are fitted on
+half of the prompts and choose, on the other half, the candidate and length with the most expected tokens per unit of verification cost.
+Two folds: prompts are split per category (all runs' question ids of a category, sorted, every
+other one), each half scored by the fit on the other, so every prompt has a held-out number; the
+in-sample fit (on all prompts) is shown beside it. Beside them, replayed exactly
+(analysis/replay.py): ngram at k (the bench's fixed k), ngram's `-k auto` length rule
+(follow_match, at most k; the controller that moves k with measured times is not replayed),
+suffix decoding at k (the run's options), and a rule over the same candidates (the longest
+match, then the most recent, drafted in full: ngram's rule with every match length and source).
+Each as a fraction of the copy ceiling's decode-only speedup, per category, under each cost table;
+"matched ceiling" is the best any candidate offers (a copy must follow a match of the tail).
+
+    python benchmarks/candidate_scorer.py \\
+        --costs fast=benchmarks/results/draft-oracle-zen4/verify_cost_with_draft.json \\
+        --costs slow=benchmarks/results/draft-oracle-zen4/verify_cost_with_draft_slow.json \\
+        --out benchmarks/results/candidates
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specdec.analysis import candidates as cand
+from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cost_table, recorded_turns, replay,
+                                     step_time)
+from specdec.bench.harness import read_results
+from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.suffix import SuffixOptions, SuffixProposer
+
+RUNS = ("benchmarks/results/agent-loop-zen3", "benchmarks/results/suffix/agentic-stream.jsonl",
+        "benchmarks/results/draft-oracle-zen4", "benchmarks/results/model-free-zen4")
+
+
+def load(path: str):
+    p = Path(path)
+    header, rows = read_results(p / "results.jsonl" if p.is_dir() else p)
+    return header, recorded_turns(rows)
+
+
+def folds(runs) -> dict[str, int]:
+    """question id -> 0 or 1: per category, the sorted ids of every run, alternately."""
+    by_category: dict[str, set[str]] = {}
+    for _, turns, _ in runs:
+        for turn in turns:
+            by_category.setdefault(turn.category, set()).add(turn.question_id)
+    return {qid: index % 2 for ids in by_category.values() for index, qid in enumerate(sorted(ids))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument("--costs", action="append", required=True, help="NAME=verify_cost.json (repeatable)")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--tree-depth", type=int, default=8)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    k = args.k
+    tables = {name: cost_table(path)[0] for name, path in (c.split("=", 1) for c in args.costs)}
+
+    runs = []
+    started = time.time()
+    for path in args.runs.split(","):
+        header, turns = load(path)
+        stream = bool(header.get("stream"))
+        runs.append((header, turns, cand.collect(turns, k, stream)))
+    collected = time.time() - started
+    fold = folds(runs)
+    everything = [tc for _, _, cs in runs for tc in cs]
+    x, y = cand.training_set(everything, k)
+    halves = {held: cand.training_set([tc for tc in everything if fold[tc.turn.question_id] != held], k)
+              for held in (0, 1)}
+    fits = {"in-sample": cand.fit_logistic(x, y), **{held: cand.fit_logistic(*halves[held]) for held in (0, 1)}}
+    trees = {"in-sample": cand.fit_tree(x, y, args.tree_depth),
+             **{held: cand.fit_tree(*halves[held], args.tree_depth) for held in (0, 1)}}
+    for name, scorers in (("logistic", fits), ("tree", trees)):
+        losses = []
+        for held in (0, 1):
+            xe, ye = halves[1 - held]  # the held-out half: fitted on the other
+            p = np.clip(scorers[held].probability(xe), 1e-6, 1 - 1e-6)
+            losses.append(float(-np.mean(ye * np.log(p) + (1 - ye) * np.log(1 - p))))
+        print(f"{name}: held-out log loss per hazard row {losses[0]:.4f} / {losses[1]:.4f} (folds 0 / 1)")
+    print(f"collected {sum(len(tc.steps) for tc in everything)} steps, {len(x)} hazard rows in {collected:.1f}s; "
+          f"accepted share {y.mean():.3f}")
+    print("in-sample weights:", {f: round(float(w), 3) for f, w in
+                                 zip(cand.HAZARD_FEATURES, fits["in-sample"].weights)})
+
+    report = {}
+    for cost_name, cost in tables.items():
+        # per row label -> category -> Tally, over every run's turns
+        totals: dict[str, dict[str, Tally]] = {}
+
+        def add(label, turn, steps, time_):
+            for key in (turn.category, "overall"):
+                totals.setdefault(label, {}).setdefault(key, Tally()).add(turn, steps, time_)
+
+        for header, turns, cs in runs:
+            stream, cap = bool(header.get("stream")), header.get("max_new_tokens")
+            options = SuffixOptions(**(header.get("suffix") or {}))
+            replayed = {
+                f"ngram k={k}": replay(turns, NgramProposer(3, 1), k, stream, cap),
+                f"ngram auto rule, k<={k}": replay(turns, NgramProposer(3, 1, follow_match=True), k, stream, cap),
+                f"suffix k={k}": replay(turns, SuffixProposer(None, options), k, stream, cap),
+            }
+            choosers = {
+                "longest match, most recent": lambda step, cap_: (0, min(int(step.lengths[0]), cap_)),
+                "logistic, in-sample": cand.scored_chooser(fits["in-sample"], cost),
+                f"tree (depth {args.tree_depth}), in-sample": cand.scored_chooser(trees["in-sample"], cost),
+            }
+            held_choosers = {"logistic, held-out": {held: cand.scored_chooser(fits[held], cost) for held in (0, 1)},
+                             f"tree (depth {args.tree_depth}), held-out":
+                                 {held: cand.scored_chooser(trees[held], cost) for held in (0, 1)}}
+            lengths = copyable_lengths(turns, k, stream)
+            for index, (turn, tc) in enumerate(zip(turns, cs)):
+                for label, steps in replayed.items():
+                    add(label, turn, steps[index], step_time(steps[index], cost))
+                for label, choose in choosers.items():
+                    steps = cand.walk(tc, choose, k, cap)
+                    add(label, turn, steps, step_time(steps, cost))
+                for label, by_fold in held_choosers.items():
+                    steps = cand.walk(tc, by_fold[fold[turn.question_id]], k, cap)
+                    add(label, turn, steps, step_time(steps, cost))
+                time_, steps = cheapest_path(turn, [(cand.best_offered(tc, k), 0.0)], cost)
+                add("matched ceiling", turn, steps, time_)
+                time_, steps = cheapest_path(turn, [(lengths[index], 0.0)], cost)
+                add("copy ceiling", turn, steps, time_)
+        ceiling = totals["copy ceiling"]
+        categories = sorted(c for c in ceiling if c != "overall") + ["overall"]
+        lines = [f"### costs: {cost_name}, k = {k}: fraction of the copy ceiling's decode-only speedup "
+                 "(speedup in brackets)", "",
+                 "| row | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+        for label, by_category in totals.items():
+            cells = []
+            for c in categories:
+                s = by_category[c].speedup
+                cells.append(f"{s / ceiling[c].speedup:.2f} ({s:.2f}x)")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        text = "\n".join(lines)
+        print("\n" + text)
+        report[cost_name] = dict(table=text, rows={label: {c: dict(speedup=t.speedup, tau=t.tau, turns=t.turns,
+                                                                   tokens=t.tokens, steps=t.steps, drafted=t.drafted)
+                                                          for c, t in by_category.items()}
+                                                   for label, by_category in totals.items()})
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        report["folds"] = {qid: f for qid, f in sorted(fold.items())}
+        report["weights"] = {str(name): dict(zip(cand.HAZARD_FEATURES,
+                                                 map(float, fit.weights)), bias=fit.bias)
+                             for name, fit in fits.items()}
+        (out / "candidates.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "candidates.md").write_text("\n\n".join(report[c]["table"] for c in tables) + "\n")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
