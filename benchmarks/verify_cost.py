@@ -14,6 +14,10 @@ before the draft's cost, at 5x it is a slowdown.
       # and the draft's forwards in the same process: `specdec replay --costs` prices a draft model with them
   python benchmarks/verify_cost.py --tree --rows 1,8,16,32,64 --formats none,w8a8,w4a8   # tree verification
 
+`specdec costs` writes the same JSON for one format, installed with the package; this script
+compares formats and tree shapes. Both time forwards through analysis/machine_costs.py: medians
+over passes that interleave the rows, after two warm-up passes.
+
 --tree verifies n nodes of a draft tree instead of a chain: each node sees its
 ancestors only (a random tree, nodes in topological order, as EAGLE-2's are),
 through the same tree attention mask the engine builds. On CPUs the cost of a
@@ -25,65 +29,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from specdec.analysis.machine_costs import cost_file, model_costs
 from specdec.models.cpu_features import cpu_model, effective_isa
-from specdec.models.loader import load_model
+from specdec.models.loader import load_model, resolve_device
 from specdec.models.native.linear import w8a8_available
 from specdec.models.native.w4a8 import w4a8_available
 
 ROWS = (1, 2, 5, 9, 16)
 
 
-def random_tree_mask(nodes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """([1, n, n] bool: node i sees node j, its ancestors and itself; [n] depths) of a random tree whose
-    node 0 is the root (the last committed token's successor) and node i's parent precedes it."""
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
-    mask = torch.zeros(nodes, nodes, dtype=torch.bool)
-    depths = torch.zeros(nodes, dtype=torch.long)
-    for node in range(nodes):
-        ancestor = node
-        while ancestor != -1:
-            mask[node, ancestor] = True
-            ancestor = parents[ancestor]
-        depths[node] = int(mask[node].sum()) - 1
-    return mask[None], depths
-
-
 def measure(name: str, quantize: str, context: int, steps: int, rows_list=ROWS, tree: bool = False,
             role: str = "target") -> dict:
+    """One format's entry, timed as `specdec costs` times it (analysis/machine_costs.py)."""
     model = load_model(name, quantize=quantize, progress=False, probe=False, role=role)
-    runner = model.runner
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 150_000, (1, context), generator=generator)
-    runner.reset()
-    runner.forward(prompt[:, :64], torch.arange(64)[None], last_n_logits=1)  # warm-up
-    runner.reset()
-    started = time.perf_counter()
-    runner.forward(prompt, torch.arange(context)[None], last_n_logits=1)
-    prefill_s = time.perf_counter() - started
-    step_ms = {}
-    with torch.inference_mode():
-        for rows in rows_list:
-            times = []
-            for _ in range(steps):
-                tokens = torch.randint(0, 150_000, (1, rows), generator=generator)
-                positions = torch.arange(context, context + rows)[None]
-                among_new = None
-                if tree:
-                    among_new, depths = random_tree_mask(rows, generator)
-                    positions = context + depths[None]
-                started = time.perf_counter()
-                runner.forward(tokens, positions, among_new=among_new)
-                times.append(time.perf_counter() - started)
-                runner.truncate([context])
-            step_ms[rows] = statistics.median(times) * 1e3
-    return dict(format=model.describe(), quantize=quantize, context=context, prefill_tok_s=context / prefill_s,
-                tree=tree, step_ms=step_ms, ratio={rows: step_ms[rows] / step_ms[rows_list[0]] for rows in rows_list})
+    return model_costs(model, context, rows_list, steps, tree=tree)
 
 
 def main() -> None:
@@ -118,7 +81,7 @@ def main() -> None:
         results.append(row)
         cells = "".join(f"{row['step_ms'][n]:>7.1f} ({row['ratio'][n]:.2f}x)" for n in rows_list)
         print(f"{row['format']:<44}{row['prefill_tok_s']:>14.0f}{cells}", flush=True)
-    output = dict(cpu=cpu_model(), isa=effective_isa(), results=results)
+    output = cost_file(resolve_device("auto"), results)
     if args.draft:
         draft_rows = tuple(int(n) for n in args.draft_rows.split(","))
         output["draft"] = draft = measure(args.draft, "auto", args.draft_context, args.steps, draft_rows,

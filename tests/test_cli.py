@@ -300,7 +300,7 @@ def test_no_import_circle_and_no_namespace_below_the_commands():
 
     root = Path(specdec.__file__).parent
     for name in ("cli_options", "generate_cli", "demo", "serve_cli", "research_cli", "replay_cli", "train_cli",
-                 "doctor"):
+                 "doctor", "costs_cli"):
         imported = {node.module for node in ast.walk(ast.parse((root / f"{name}.py").read_text()))
                     if isinstance(node, ast.ImportFrom)}
         assert "specdec.cli" not in imported, name

@@ -1,8 +1,8 @@
-"""specdec command line: generate | demo | serve | bench | analyze | verify | train-head | export-head |
-doctor | models.
+"""specdec command line: generate | demo | serve | bench | analyze | verify | replay | train-head |
+export-head | doctor | costs | models.
 
 This module only assembles the subcommands; each lives in its own module with its parser
-and handler (generate_cli, demo, serve_cli, research_cli, replay_cli, train_cli, doctor), and they
+and handler (generate_cli, demo, serve_cli, research_cli, replay_cli, train_cli, doctor, costs_cli), and they
 share their model and method options through cli_options, which turns them into one
 SpecConfig. Every subcommand's --help teaches by example; bad input exits with a one-line
 error (status 2), never a traceback.
@@ -14,11 +14,12 @@ import argparse
 import sys
 import time
 
-SUBCOMMANDS = ("generate", "demo", "serve", "bench", "analyze", "verify", "train-head", "export-head", "doctor",
-               "models")
+SUBCOMMANDS = ("generate", "demo", "serve", "bench", "analyze", "verify", "replay", "train-head", "export-head",
+               "doctor", "costs", "models")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from specdec.costs_cli import add_costs_command
     from specdec.demo import add_demo_command
     from specdec.doctor import add_doctor_command
     from specdec.generate_cli import add_generate_command
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(sub)
     add_export_command(sub)
     add_doctor_command(sub)
+    add_costs_command(sub)
     models = sub.add_parser("models", help="list, fetch or verify the embedded default models",
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="examples:\n  specdec models list\n  specdec models fetch qwen2.5-coder-1.5b\n"
@@ -81,13 +83,13 @@ def cmd_models(args) -> int:
 
 def _handler(command: str):
     """The subcommand's handler, imported only when it runs."""
-    from specdec import demo, doctor, generate_cli, replay_cli, research_cli, serve_cli, train_cli
+    from specdec import costs_cli, demo, doctor, generate_cli, replay_cli, research_cli, serve_cli, train_cli
 
     return {"generate": generate_cli.cmd_generate, "demo": demo.cmd_demo, "serve": serve_cli.cmd_serve,
             "bench": research_cli.cmd_bench, "analyze": research_cli.cmd_analyze, "verify": research_cli.cmd_verify,
             "replay": replay_cli.cmd_replay,
             "train-head": train_cli.cmd_train_head, "export-head": train_cli.cmd_export_head,
-            "doctor": doctor.cmd_doctor, "models": cmd_models}[command]
+            "doctor": doctor.cmd_doctor, "costs": costs_cli.cmd_costs, "models": cmd_models}[command]
 
 
 def main(argv: list[str] | None = None) -> int:

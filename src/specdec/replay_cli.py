@@ -18,7 +18,7 @@ examples:
   specdec replay benchmarks/results/agent-loop-kernels --k 4,8,16 \\
       --costs benchmarks/results/verify_cost_w4a8_kernels.json   # speed under a CPU's measured costs
   specdec replay bench-results --suffix-spec-factor 2 --suffix-min-prob 0.2   # tune, then bench the winner
-  python benchmarks/verify_cost.py --formats w4a8 --rows 1,2,3,5,9,17 --draft qwen2.5-coder-0.5b --json costs.json
+  specdec costs --draft qwen2.5-coder-0.5b       # this machine's costs -> costs.json
   specdec replay bench-results --draft qwen2.5-coder-0.5b --k 2,4,8 --costs costs.json
       # the draft model replayed, and the most any k rule could get from its guesses on this machine
 
@@ -32,12 +32,16 @@ same method at the same fixed k, the replay is checked against it turn by turn.
 The copy ceiling is an oracle that drafts the longest continuation seen anywhere
 before (this prompt and answer; in a stream, every earlier prompt and answer):
 no method that copies text accepts more. Speedups are decode only, predicted
-from --costs (benchmarks/verify_cost.py's JSON: an n-token forward over a 1-token
-step on one machine); without it every forward costs one step, roughly a GPU.
+from --costs (`specdec costs`'s JSON: an n-token forward over a 1-token step on
+one machine, which the label names); without it every forward costs one step,
+roughly a GPU. A second table reads each method's speedup as a share of the copy
+ceiling's at the same k (and of the ngram+draft oracle's, with --draft): how much
+of what its kind could reach it gets, which moves less than the speedup itself
+from one CPU's costs to another's.
 
 With --draft the draft model (loaded alone, no target) drafts too: `draft` and
 `ngram+draft` replayed at each fixed k, each of the draft's forwards priced
-from the "draft" entry of --costs (verify_cost.py --draft, timed in the same
+from the "draft" entry of --costs (`specdec costs --draft`, timed in the same
 process as the target) or --draft-cost. The draft oracle knows how far the
 draft's greedy guesses agree with the answer (one teacher-forced forward per
 answer) and drafts each step exactly that many, at most k: no k rule gets more
@@ -58,8 +62,8 @@ def add_replay_command(sub) -> None:
                                                          "(the last two need --draft; default: all that can run)")
     replay.add_argument("--k", default=None,
                         help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
-    replay.add_argument("--costs", help="benchmarks/verify_cost.py's JSON from the machine to predict for "
-                                        "(default: every forward costs one step)")
+    replay.add_argument("--costs", help="the cost table of the machine to predict for, as `specdec costs` "
+                                        "writes it (default: every forward costs one step)")
     replay.add_argument("--ngram-max", type=positive_int, default=None, help="(default: the run's)")
     replay.add_argument("--ngram-min", type=positive_int, default=None, help="(default: the run's)")
     for name, field, kind, what in (("cache-requests", "cache_requests", int, "earlier answers kept"),

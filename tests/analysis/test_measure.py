@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from conftest import make_model, make_native
-from specdec.analysis.measure import ScoredText, StepCosts, acceptance_per_position, measure_alpha, measure_step_costs
+from specdec.analysis.machine_costs import forwards_per_model
+from specdec.analysis.measure import (ScoredText, StepCosts, acceptance_per_position, forward_costs, measure_alpha,
+                                      measure_step_costs, random_tree)
+from specdec.sampling.tree import tree_attention_mask
 from specdec.analysis.predicted import prediction_rows, render
 from specdec.planning.theory import expected_tokens_per_loop, walltime_speedup
 from specdec.sampling import SamplingParams
@@ -65,6 +68,25 @@ def test_step_costs_are_measured_and_interpolated(models):
     fixed = StepCosts(16, 0.010, 0.002, {1: 0.010, 3: 0.012, 5: 0.016})
     assert fixed.c == pytest.approx(0.2)
     assert fixed.verify_s(2) == 0.012 and fixed.verify_s(3) == pytest.approx(0.014) and fixed.verify_s(9) == 0.016
+
+
+def test_forward_costs_time_chains_and_trees_and_count_every_forward(models):
+    _, _, target, _ = models
+    for tree in (False, True):
+        ticks = []
+        costs = forward_costs(target, 16, [1, 4, 7], repeats=3, tree=tree, on_forward=lambda: ticks.append(1))
+        assert sorted(costs.seconds) == [1, 4, 7] and min(costs.seconds.values()) > 0 and costs.prefill_s > 0
+        assert len(ticks) == forwards_per_model([1, 4, 7], 3) and target.seq_len == 0
+
+
+def test_a_random_tree_is_a_tree_in_topological_order():
+    generator = torch.Generator().manual_seed(3)
+    for nodes in (1, 2, 9, 33):
+        mask, depths = random_tree(nodes, generator)
+        assert mask.shape == (nodes, nodes) and bool(mask[:, 0].all()) and bool(mask.diagonal().all())
+        assert torch.equal(mask, mask.tril())  # each node's ancestors come before it
+        parents = [int(row[:i].nonzero().max()) - 1 if i else -1 for i, row in enumerate(mask)][1:]
+        assert torch.equal(mask, tree_attention_mask(parents)) and torch.equal(depths, mask.sum(-1) - 1)
 
 
 def test_predictions_sit_next_to_measurements():

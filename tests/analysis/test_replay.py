@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.analysis.replay import (RecordedTurn, accepted_length, ceiling_cost, ceiling_steps, cheapest_path,
-                                     copyable_lengths, cost_table, draft_cost_table, replay, tally)
+from specdec.analysis.replay import (RecordedTurn, ReplayRow, Tally, accepted_length, ceiling_cost, ceiling_steps,
+                                     cheapest_path, copyable_lengths, cost_table, draft_cost_table, replay, replay_json,
+                                     replay_markdown, tally)
 from specdec.proposers.registry import build_proposer
 from specdec.proposers.suffix import SuffixOptions
 
@@ -148,7 +149,7 @@ def test_tallies_count_the_prefill_as_bench_does():
     assert totals["c"].tau == pytest.approx(5 / 2) and totals["overall"].speedup == pytest.approx(4.0)
 
 
-def test_cost_tables_interpolate_what_verify_cost_measured(tmp_path):
+def test_cost_tables_interpolate_the_measured_ratios(tmp_path):
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"cpu": "X", "isa": "AVX2", "results": [
         {"format": "m", "ratio": {"1": 1.0, "5": 1.4, "9": 2.2}}]}))
@@ -159,7 +160,7 @@ def test_cost_tables_interpolate_what_verify_cost_measured(tmp_path):
     with pytest.raises(ValueError, match="1-token step"):
         cost_table(path)
     path.write_text("{}")
-    with pytest.raises(ValueError, match="not a verify_cost.py result"):
+    with pytest.raises(ValueError, match="not a cost table"):
         cost_table(path)
 
 
@@ -176,3 +177,25 @@ def test_a_draft_entry_prices_the_draft_in_the_targets_steps(tmp_path):
     path.write_text(json.dumps({"results": [{"ratio": {"1": 1.0, "5": 1.4}}], "draft": {"step_ms": {"1": 10.0}}}))
     with pytest.raises(ValueError, match="draft entry needs step_ms"):
         draft_cost_table(path)
+
+
+def _row(label, k, speedups, bound=False):
+    """A report row whose categories decode 12 tokens after the prefill's in 12 / speedup steps' time."""
+    return ReplayRow(label, k, {c: Tally(turns=1, tokens=13, steps=4, drafted=6, time=12 / speedup)
+                                for c, speedup in speedups.items()}, bound=bound)
+
+
+def test_each_method_is_read_as_a_share_of_the_ceilings_at_its_k():
+    report = [_row("ngram", 4, {"a": 1.5, "overall": 1.2}), _row("copy ceiling", 4, {"a": 3.0, "overall": 2.4}, True),
+              _row("draft oracle", 4, {"a": 1.0, "overall": 1.0}, True),
+              _row("ngram+draft oracle", 4, {"a": 5.0, "overall": 4.0}, True),
+              _row("ngram", 8, {"a": 1.0, "overall": 1.0}), _row("copy ceiling", 8, {"a": 4.0, "overall": 2.0}, True)]
+    rows = replay_json(report, "X")["rows"]
+    assert rows[0]["categories"]["a"]["share_of"] == {"copy ceiling": pytest.approx(0.5),
+                                                      "ngram+draft oracle": pytest.approx(0.3)}
+    assert rows[4]["categories"]["overall"]["share_of"] == {"copy ceiling": pytest.approx(0.5)}  # no oracle at k=8
+    assert all(c["share_of"] == {} for row in rows if row["bound"] for c in row["categories"].values())
+    text = replay_markdown(report, "X")
+    assert "share of the copy ceiling's / ngram+draft oracle's at the same k" in text
+    assert "| ngram | 4 | 50% / 30% | 50% / 30% |" in text and "| ngram | 8 | 25% / - | 50% / - |" in text
+    assert "| copy ceiling | 4 | 100%" not in text  # the bounds are the yardsticks, not rows of the share table

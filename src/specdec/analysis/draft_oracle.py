@@ -9,7 +9,7 @@ decoder's forward gives the same logits whether it reads a text at once or a tok
 (batch invariance, docs/architecture.md), so these are the guesses the draft makes when it drafts.
 
 From them, `draft_oracle` prices the best any k controller could do with this draft on one machine
-(verify_cost.py's costs of the target's forwards and of the draft's): each step drafts exactly as
+(`specdec costs --draft`: the target's forwards and the draft's): each step drafts exactly as
 many tokens as will be accepted, from the draft or, for ngram+draft, from whichever of the draft
 and the copy ceiling's longest seen continuation (analysis/replay.py) is cheaper. It pays each
 drafted token one draft forward and the prompt's window read once where it drafts at all, and
@@ -28,7 +28,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.analysis.replay import CostFn, RecordedTurn, ReplayRow, TurnSteps, cheapest_path, tally
+from specdec.analysis.replay import (NGRAM_DRAFT_ORACLE, CostFn, RecordedTurn, ReplayRow, TurnSteps, cheapest_path,
+                                     tally)
 from specdec.proposers.draft_model import CATCH_UP_CHUNK, CONTEXT_WINDOW, match_vocab
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW
 
@@ -116,7 +117,7 @@ class DraftOracles:
     def __call__(self, turns: Sequence[RecordedTurn], k: int, copies: list[list[int]]) -> list[ReplayRow]:
         rows = []
         for label, window, with_copies in (("draft oracle", CONTEXT_WINDOW, False),
-                                           ("ngram+draft oracle", DRAFT_CONTEXT_WINDOW, True)):
+                                           (NGRAM_DRAFT_ORACLE, DRAFT_CONTEXT_WINDOW, True)):
             if window not in self._runs:
                 self._runs[window] = agreement_runs(turns, self.runner, window, self.vocab_size)
             best = [draft_oracle(turn, runs, k, self.cost, self.draft_cost, window, copy if with_copies else None)

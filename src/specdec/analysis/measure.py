@@ -9,12 +9,17 @@ c (section 3.4): the time of one draft step over the time of one target step,
 both single-token decode steps at the same context length on this machine. The
 verification pass of k + 1 tokens is timed too, because on real hardware it is
 not free, which is where measurement and the closed form part ways.
+
+forward_costs is the one timing of forwards every cost table here is built from
+(`specdec analyze`, `specdec doctor`'s roofline, `specdec costs` and
+benchmarks/verify_cost.py through analysis/machine_costs.py).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +27,7 @@ import torch
 from specdec.planning.theory import acceptance_rate
 from specdec.models.runner import ModelRunner
 from specdec.sampling.params import SamplingParams
+from specdec.sampling.tree import tree_attention_mask
 from specdec.sampling.warp import warp_logits
 
 
@@ -107,32 +113,79 @@ class StepCosts:
         return self.target_verify_s[below] * (1 - share) + self.target_verify_s[above] * share
 
 
+@dataclass(frozen=True)
+class ForwardCosts:
+    prefill_s: float  # one forward over the whole context, after a warm-up forward
+    seconds: dict[int, float]  # new tokens -> median seconds of one forward of them after the context
+
+
+def random_tree(nodes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random draft tree of `nodes` inputs, input 0 its root and each node's parent before it
+    (topological order, as EAGLE-2 lays trees out): ([nodes, nodes] bool, input j sees input i iff
+    i is j or an ancestor of j, the engine's tree mask; [nodes] int64 depths)."""
+    parents = [int(torch.randint(-1, node, (1,), generator=generator)) for node in range(nodes - 1)]
+    mask = tree_attention_mask(parents)
+    return mask, mask.sum(-1) - 1
+
+
+def _timed(device: torch.device, work: Callable[[], object]) -> float:
+    """Wall seconds of work(), the device synchronized around it (on CUDA a call only queues kernels)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    work()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
 @torch.inference_mode()
-def forward_times(runner: ModelRunner, context: int, widths, repeats: int = 15, warmups: int = 2,
-                  seed: int = 0) -> dict[int, float]:
+def forward_costs(runner: ModelRunner, context: int, widths, repeats: int = 15, warmups: int = 2, seed: int = 0,
+                  tree: bool = False, on_forward: Callable[[], None] | None = None) -> ForwardCosts:
     """Median seconds of one forward of each width's new tokens after one prefill of `context`
-    tokens, the widths interleaved pass by pass (a slow minute of a shared machine hits them all).
-    Leaves the runner's cache empty."""
+    tokens, the widths interleaved pass by pass (a slow minute of a shared machine hits them all),
+    and the seconds of that prefill (after a warm-up forward of at most 64 tokens: the first
+    forward of a process also pays for page faults and kernel setup).
+
+    tree: each forward verifies a random draft tree of `width` nodes (a fresh one every pass,
+    through the engine's tree mask; native runners) instead of a chain: on CPUs a forward's cost
+    grows with its rows, whatever their shape. on_forward: called after every forward (a progress
+    bar). Leaves the runner's cache empty."""
     generator = torch.Generator().manual_seed(seed)
+    device = runner.device
     longest = context + max(widths)
-    tokens = torch.randint(0, runner.vocab_size, (1, longest), generator=generator).to(runner.device)
-    positions = torch.arange(longest, device=runner.device)[None]
+    tokens = torch.randint(0, runner.vocab_size, (1, longest), generator=generator).to(device)
+    positions = torch.arange(longest, device=device)[None]
+    tick = on_forward or (lambda: None)
+    warm_up = min(context, 64)
     runner.reset()
-    runner.forward(tokens[:, :context], positions[:, :context], last_n_logits=1)
+    runner.forward(tokens[:, :warm_up], positions[:, :warm_up], last_n_logits=1)
+    runner.reset()
+    tick()
+    prefill_s = _timed(device, lambda: runner.forward(tokens[:, :context], positions[:, :context], last_n_logits=1))
+    tick()
     times = {width: [] for width in widths}
     for attempt in range(warmups + repeats):
         for width in widths:
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            started = time.perf_counter()
-            runner.forward(tokens[:, context:context + width], positions[:, context:context + width])
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
+            new = tokens[:, context:context + width]
+            if tree:
+                mask, depths = random_tree(width, generator)
+                among, where = mask[None].to(device), (context + depths[None]).to(device)
+                seconds = _timed(device, lambda: runner.forward(new, where, among_new=among))
+            else:
+                seconds = _timed(device, lambda: runner.forward(new, positions[:, context:context + width]))
             if attempt >= warmups:
-                times[width].append(time.perf_counter() - started)
+                times[width].append(seconds)
             runner.truncate(torch.tensor([context]))
+            tick()
     runner.reset()
-    return {width: statistics.median(values) for width, values in times.items()}
+    return ForwardCosts(prefill_s, {width: statistics.median(values) for width, values in times.items()})
+
+
+def forward_times(runner: ModelRunner, context: int, widths, repeats: int = 15, warmups: int = 2,
+                  seed: int = 0) -> dict[int, float]:
+    """forward_costs()'s medians: width -> seconds of one forward of that many new tokens after `context`."""
+    return forward_costs(runner, context, widths, repeats, warmups, seed).seconds
 
 
 def time_forward(runner: ModelRunner, context: int, width: int, repeats: int = 15, seed: int = 0) -> float:

@@ -23,8 +23,8 @@ Two things follow from the same answers:
                 step, and taking the longest at every step is the fewest steps: if a span occurs,
                 so does its tail, so the furthest reachable position only moves forward.
 
-Speed follows from the step costs a machine measured (`benchmarks/verify_cost.py`: the time of
-a forward over n tokens over a 1-token step): a step that drafts d tokens costs cost(1 + d)
+Speed follows from the step costs a machine measured (`specdec costs`: the time of a forward
+over n tokens over a 1-token step): a step that drafts d tokens costs cost(1 + d)
 target steps, and plain decoding one per token. The ceiling's speedup is the cheapest way
 through the answer that the oracle allows (a dynamic programme over how many tokens each step
 takes): no copying method, however well it scores its candidates, decodes faster on that
@@ -33,6 +33,7 @@ machine. Without a cost table every step costs one step, as verification roughly
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,10 @@ from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling.params import SamplingParams
 
 CostFn = Callable[[int], float]  # rows of a forward -> its time in 1-token steps
+
+COPY_CEILING = "copy ceiling"
+NGRAM_DRAFT_ORACLE = "ngram+draft oracle"  # analysis/draft_oracle.py's row, where a draft model is replayed
+YARDSTICKS = (COPY_CEILING, NGRAM_DRAFT_ORACLE)  # each replayed method's speedup is read as a share of theirs
 
 
 @dataclass(frozen=True)
@@ -276,23 +281,26 @@ def _interpolated(points: Sequence[tuple[int, float]]) -> CostFn:
 
 
 def cost_table(path: str | Path) -> tuple[CostFn, str]:
-    """cost(rows) from `benchmarks/verify_cost.py`'s JSON (its first result): the measured ratio of
-    an n-token forward to a 1-token step, linear between measured n and beyond the last two."""
+    """cost(rows) from a cost file (`specdec costs`, analysis/machine_costs.py; its first result):
+    the measured ratio of an n-token forward to a 1-token step, linear between measured n and
+    beyond the last two. The label names the machine the file was measured on, and the bandwidth
+    its process read the weights at where the file has it (analysis/machine_costs.py: why)."""
     data = json.loads(Path(path).read_text())
     try:
         result = data["results"][0]
         points = sorted((int(rows), float(ratio)) for rows, ratio in result["ratio"].items())
     except (KeyError, IndexError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: not a verify_cost.py result (no results[0].ratio)") from error
+        raise ValueError(f"{path}: not a cost table (no results[0].ratio; `specdec costs` writes one)") from error
     if len(points) < 2 or points[0][0] != 1:
         raise ValueError(f"{path}: needs the 1-token step and at least one longer forward")
-    where = f"{data.get('cpu', '?')} {data.get('isa', '')}".strip()
-    return _interpolated(points), f"{where}, {result.get('format', '?')}"
+    where = data.get("gpu") or f"{data.get('cpu', '?')} {data.get('isa') or ''}".strip()
+    read = f", weights read at {result['read_gb_s']:.0f} GB/s" if "read_gb_s" in result else ""
+    return _interpolated(points), f"{where}, {result.get('format', '?')}{read}"
 
 
 def draft_cost_table(path: str | Path) -> tuple[CostFn, str] | None:
     """draft_cost(tokens): a draft model's forward over that many tokens in target steps, from the
-    draft that `benchmarks/verify_cost.py --draft` timed in the same process as the target (its
+    draft that `specdec costs --draft` timed in the same process as the target (its
     "draft" entry over results[0]'s 1-token step); None where the file has no draft."""
     data = json.loads(Path(path).read_text())
     if "draft" not in data:
@@ -387,6 +395,7 @@ class ReplayRow:
     k: int
     totals: dict[str, Tally]
     recorded_check: str | None = None  # "14/14 turns identical to the recorded run", where one exists
+    bound: bool = False  # a ceiling or an oracle (what no method of its kind beats), not a replayed method
 
 
 Oracles = Callable[[Sequence[RecordedTurn], int, list[list[int]]], list["ReplayRow"]]
@@ -416,10 +425,26 @@ def replay_rows(rows: Sequence[dict], proposers: dict[str, Callable[[], Proposer
         lengths = copyable_lengths(turns, k, stream)
         oracle = [ceiling_steps(turn, row) for turn, row in zip(turns, lengths)]
         cheapest = [ceiling_cost(turn, row, cost) for turn, row in zip(turns, lengths)]
-        report.append(ReplayRow("copy ceiling", k, tally(turns, oracle, cost, cheapest)))
+        report.append(ReplayRow(COPY_CEILING, k, tally(turns, oracle, cost, cheapest), bound=True))
         if oracles is not None:
-            report += oracles(turns, k, lengths)
+            report += [dataclasses.replace(row, bound=True) for row in oracles(turns, k, lengths)]
     return report
+
+
+def shares_of_yardsticks(report: Sequence[ReplayRow]) -> list[dict[str, dict[str, float]]]:
+    """Per row of the report: {yardstick: {category: the row's speedup / the yardstick's}}, against
+    each of YARDSTICKS replayed at the same k; empty for the bounds themselves. Why: how much of
+    the most its kind could reach a method gets moves less from one CPU's costs to another's than
+    its bare speedup does (docs/benchmarks.md, "Replay as the yardstick")."""
+    yardsticks = {(row.label, row.k): row for row in report if row.bound and row.label in YARDSTICKS}
+    shares = []
+    for row in report:
+        found = {} if row.bound else {label: yardsticks[label, row.k] for label in YARDSTICKS
+                                      if (label, row.k) in yardsticks}
+        shares.append({label: {category: tally.speedup / bound.totals[category].speedup
+                               for category, tally in row.totals.items()}
+                       for label, bound in found.items()})
+    return shares
 
 
 def replay_markdown(report: Sequence[ReplayRow], costs_label: str) -> str:
@@ -433,6 +458,7 @@ def replay_markdown(report: Sequence[ReplayRow], costs_label: str) -> str:
         overall = row.totals["overall"]
         lines.append(f"| {row.label} | {row.k} | " + " | ".join(cells) +
                      f" | {overall.drafted / max(overall.steps, 1):.2f} |")
+    lines += _shares_markdown(report, categories)
     checks = [f"- {row.label} k={row.k}: {row.recorded_check}" for row in report if row.recorded_check]
     if checks:
         lines += ["", "Replay against the recorded greedy runs of the same method and k:", *checks]
@@ -448,9 +474,31 @@ def replay_markdown(report: Sequence[ReplayRow], costs_label: str) -> str:
     return "\n".join(lines)
 
 
+def _shares_markdown(report: Sequence[ReplayRow], categories: Sequence[str]) -> list[str]:
+    """The second table: each replayed method's speedup as a share of the yardsticks' at its k."""
+    shares = shares_of_yardsticks(report)
+    present = [label for label in YARDSTICKS if any(label in row for row in shares)]
+    if not present:
+        return []
+    whose = " / ".join(label + "'s" for label in present)
+    lines = ["", f"Each method's speedup as a share of the {whose} at the same k:", "",
+             "| method | k | " + " | ".join(categories) + " |", "|---|---|" + "---|" * len(categories)]
+    for row, share in zip(report, shares):
+        if share:
+            cells = [" / ".join(f"{share[label][c]:.0%}" if label in share else "-" for label in present)
+                     for c in categories]
+            lines.append(f"| {row.label} | {row.k} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def replay_json(report: Sequence[ReplayRow], costs_label: str) -> dict:
-    return dict(costs=costs_label, rows=[dict(label=row.label, k=row.k, recorded_check=row.recorded_check,
-                                              categories={c: dict(tau=t.tau, speedup=t.speedup, turns=t.turns,
-                                                                  tokens=t.tokens, steps=t.steps, drafted=t.drafted)
-                                                          for c, t in row.totals.items()})
-                                         for row in report])
+    """Everything replay_markdown shows, per row and category; `share_of` maps each yardstick to the
+    row's speedup over its (replayed methods only; empty for the bounds)."""
+    shares = shares_of_yardsticks(report)
+    return dict(costs=costs_label, rows=[
+        dict(label=row.label, k=row.k, recorded_check=row.recorded_check, bound=row.bound,
+             categories={c: dict(tau=t.tau, speedup=t.speedup, turns=t.turns, tokens=t.tokens, steps=t.steps,
+                                 drafted=t.drafted, share_of={label: by_category[c]
+                                                              for label, by_category in share.items()})
+                         for c, t in row.totals.items()})
+        for row, share in zip(report, shares)])
