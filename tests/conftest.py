@@ -92,6 +92,19 @@ def make_peaked_model(seed: int, layers: int = 2) -> torch.nn.Module:
     return model
 
 
+def save_tiny_pair(root) -> dict[str, str]:
+    """A tiny target and one-layer draft saved as Hugging Face directories under root (with the
+    chat tokenizer), for the commands that load models by path: {"target": path, "draft": path}."""
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    paths = {}
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        make_model(seed=seed, layers=layers).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+        paths[name] = str(root / name)
+    return paths
+
+
 def make_native(model: torch.nn.Module, *, dtype: torch.dtype = torch.float32, quantize: str = "none",
                 head_rows: torch.Tensor | None = None, batch_size: int = 1, **runner_options) -> NativeRunner:
     """The native runner over the same weights as a transformers model."""

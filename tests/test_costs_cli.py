@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import CHAT_TEMPLATE, make_model, make_tokenizer
+from conftest import save_tiny_pair
 from specdec.cli import main
 from specdec.models.cpu_features import cpu_model, effective_isa
 
@@ -14,15 +14,7 @@ FAST = ["--dtype", "float32", "--quantize", "none", "--repeats", "2"]  # no kern
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    tokenizer = make_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    paths = {}
-    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
-        make_model(seed=seed, layers=layers).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        paths[name] = str(root / name)
-    return paths
+    return save_tiny_pair(tmp_path_factory.mktemp("models"))
 
 
 def run(capsys, *argv):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import CHAT_TEMPLATE, make_model, make_tokenizer
+from conftest import save_tiny_pair
 from specdec.bench.harness import read_results
 from specdec.cli import main
 
@@ -12,13 +12,7 @@ from specdec.cli import main
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    tokenizer = make_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    paths = {}
-    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
-        make_model(seed=seed, layers=layers).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-        paths[name] = str(root / name)
+    paths = save_tiny_pair(root)
     prompts = root / "prompts.jsonl"
     prompts.write_text(json.dumps({"question_id": "chat", "category": "chat", "turns": ["hello there", "again"]})
                        + "\n" + json.dumps({"question_id": "copy", "category": "copy",
