@@ -28,7 +28,7 @@ def candidate_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         no probability at all, and the draw that reads it returns -1, which the engine refuses
         (engine/step.py) instead of emitting a token the target never chose.
     """
-    clean = logits.float().nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    clean = _nan_as_minus_inf(logits.float())
     top = clean.amax(dim=-1, keepdim=True)  # [..., 1]
     # x - top is NaN exactly where x = top = +inf: those are the candidates, at 0; finite x under a
     # +inf top become -inf. A row without candidates (top -inf) turns all NaN, masked by the caller.
@@ -36,10 +36,15 @@ def candidate_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return shifted, top > float("-inf")
 
 
+def _nan_as_minus_inf(logits: torch.Tensor) -> torch.Tensor:
+    """NaN -> -inf, infinities kept (nan_to_num would otherwise clip them to the largest finite)."""
+    return logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Temperature 0: argmax over [..., V] (first index on ties, as torch.argmax) -> int64 [...],
     with NaN counting as -inf; -1 for a row with no candidate (candidate_logits)."""
-    clean = logits.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    clean = _nan_as_minus_inf(logits)
     ids = clean.argmax(dim=-1)  # a +inf is the largest: its first one wins
     return torch.where(clean.gather(-1, ids[..., None])[..., 0] > float("-inf"), ids, -1)
 
@@ -59,9 +64,11 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
       softmax -> [0.665, 0.245, 0.090]; top-2 keeps the first two
       -> [0.731, 0.269, 0.0]
     """
+    if params.greedy:  # the point mass on greedy_tokens' choice; none for a row without a candidate
+        ids = greedy_tokens(logits.float())
+        return torch.nn.functional.one_hot(ids.clamp_min(0), logits.shape[-1]).float() * (ids >= 0)[..., None]
+
     shifted, has_candidate = candidate_logits(logits)
-    if params.greedy:
-        return torch.nn.functional.one_hot(shifted.argmax(dim=-1), shifted.shape[-1]).float() * has_candidate
 
     # <= 0, the top at 0: no overflow (params' temperature floor). A temperature past float32's range
     # would read as inf, and -inf / inf is NaN: its largest finite value flattens the row just the same.
