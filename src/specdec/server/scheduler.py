@@ -171,20 +171,16 @@ class Scheduler:
         """Fail the jobs holding rows (their state is unknown after the error) and empty the batch;
         waiting jobs keep their place. False if even that fails."""
         try:
-            for handle in self.engine.clear():
-                job = self._running.pop(handle, None)
-                if job is not None:
-                    job.deliver(JobFailed(f"generation failed: {error}"))
-                    self._finish(job, "error")
-            for job in list(self._running.values()):  # admitted but unknown to the engine
-                job.deliver(JobFailed(f"generation failed: {error}"))
-                self._finish(job, "error")
-            self._running.clear()
-            self.metrics.running.set(0)
-            return True
+            self.engine.clear()
         except Exception:  # noqa: BLE001
             log.exception("engine thread: recovery failed")
             return False
+        for job in self._running.values():  # every job holding a row (or admitted, unknown to the engine)
+            job.deliver(JobFailed(f"generation failed: {error}"))
+            self._finish(job, "error")
+        self._running.clear()
+        self.metrics.running.set(0)
+        return True
 
     def _break(self, reason: str) -> None:
         """The engine cannot serve: every job fails, submit() refuses, /health says why."""
@@ -205,25 +201,29 @@ class Scheduler:
         return admit
 
     def _drop_cancelled(self) -> None:
+        """Drop the jobs whose clients left, and those past their deadline (told so with a 504)."""
         now = time.perf_counter()
-        for job in [job for job in self._waiting if job.cancelled or self._expired(job, now)]:
+        for job in [job for job in self._waiting if self._leaving(job, now)]:
             self._waiting.remove(job)
-            self._finish(job, "cancelled" if job.cancelled else "deadline")
+            self._drop(job)
         for handle, job in list(self._running.items()):
-            if job.cancelled or self._expired(job, now):
+            if self._leaving(job, now):
                 self.engine.remove(handle)
                 del self._running[handle]
-                self._finish(job, "cancelled" if job.cancelled else "deadline")
+                self._drop(job)
         self.metrics.running.set(len(self._running))
 
     @staticmethod
-    def _expired(job: Job, now: float) -> bool:
-        """Past its deadline: told so with a 504 (a cancelled job's client is gone: told nothing)."""
-        if job.cancelled or job.deadline is None or now < job.deadline:
-            return False
+    def _leaving(job: Job, now: float) -> bool:
+        return job.cancelled or (job.deadline is not None and now >= job.deadline)
+
+    def _drop(self, job: Job) -> None:
+        if job.cancelled:  # its client is gone: nobody to tell
+            self._finish(job, "cancelled")
+            return
         job.deliver(JobFailed(f"the request ran past this server's deadline of {job.deadline - job.submitted:g} s "
                               f"(specdec serve --request-deadline)", 504, "deadline_exceeded"))
-        return True
+        self._finish(job, "deadline")
 
     def _admit(self, job: Job) -> None:
         self.metrics.queue_time.observe(time.perf_counter() - job.submitted)
@@ -245,11 +245,8 @@ class Scheduler:
             updates = self.engine.step()
         except Exception as error:  # noqa: BLE001 - fail this batch, keep serving
             log.exception("engine step failed")
-            for handle in self.engine.clear():
-                job = self._running.pop(handle)
-                job.deliver(JobFailed(f"generation failed: {error}"))
-                self._finish(job, "error")
-            self.metrics.running.set(0)
+            if not self._recover(error):
+                raise  # the engine thread's guard (_serve) takes the engine as broken
             return
         self.metrics.record_step(self.engine.last_step.rows, self.engine.last_step.time_s)
         now = time.perf_counter()
