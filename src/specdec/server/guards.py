@@ -56,15 +56,17 @@ class ServerLimits:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
-        for name in ("body_timeout_s", "deadline_s"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-        if self.body_timeout_s is None:
-            raise ValueError("body_timeout_s must be a number of seconds > 0")
+        if not _positive_seconds(self.body_timeout_s):
+            raise ValueError(f"body_timeout_s must be a number of seconds > 0, got {self.body_timeout_s!r}")
+        if self.deadline_s is not None and not _positive_seconds(self.deadline_s):
+            raise ValueError(f"deadline_s must be a number of seconds > 0 or None, got {self.deadline_s!r}")
 
     def prompt_chars(self, max_context: int) -> int:
         return self.max_prompt_chars or self.CHARS_PER_TOKEN_BOUND * max_context
+
+
+def _positive_seconds(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
 def tenant_of_key(key: str) -> str:
