@@ -22,7 +22,6 @@ from fetch_jobs import CONVERSIONS, convert_tiny_model, write_job
 from killing import Killer
 
 from specdec.models import hub
-from specdec.models.atomic_files import file_sha256
 from specdec.models.hub import (
     EMBEDDED,
     CorruptCacheError,
@@ -190,7 +189,7 @@ def test_fetch_assembles_converts_and_is_idempotent(fake_model, monkeypatch, tmp
     assert path == tmp_path / "cache" / model.name
     marker = json.loads((path / hub.MARKER_FILE).read_text())
     assert marker["source_sha256"] == model.sha256
-    assert marker["files"] == {name: {"bytes": (path / name).stat().st_size, "sha256": file_sha256(path / name)}
+    assert marker["files"] == {name: {"bytes": (path / name).stat().st_size, "sha256": hub.file_sha256(path / name)}
                                for name in ("config.json", "seen.txt")}  # every converted file, not the marker
     seen_dir, _, seen_size = (path / "seen.txt").read_text().splitlines()
     assert int(seen_size) == len(joined)  # the converter saw the whole joined file

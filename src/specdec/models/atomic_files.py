@@ -9,13 +9,10 @@ after it (docs/architecture.md, "Files that survive kills and races").
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-_CHUNK = 8 << 20  # 8 MiB reads: full disk speed, little memory
 
 
 def fsync_file(path: Path | str) -> None:
@@ -79,13 +76,3 @@ def write_safetensors(path: Path | str, tensors: dict, metadata: dict | None = N
 
     with open(path, "wb") as handle:
         handle.write(save(tensors, metadata=metadata))
-
-
-def file_sha256(path: Path | str) -> str:
-    """The sha256 of one file, read in 8 MiB chunks (1-1.4 GB/s with SHA-NI: seconds for a 3.5 GB
-    model, which is why loads check sizes and only fetch, verify and doctor check hashes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

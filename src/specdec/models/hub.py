@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
-from specdec.models.atomic_files import atomic_path, file_sha256, fsync_directory, fsync_file, temporary_path
+from specdec.models.atomic_files import atomic_path, fsync_directory, fsync_file, temporary_path
 from specdec.models.gguf_convert import convert_gguf
 
 try:
@@ -265,6 +265,13 @@ def _stream(paths: list[Path], sink: BinaryIO | None, progress: bool, desc: str)
                         sink.write(chunk)
                     bar.update(len(chunk))
     return digest.hexdigest()
+
+
+def file_sha256(path: Path | str) -> str:
+    """The sha256 of one converted file. Loads check sizes only and fetch, verify and doctor the
+    hashes: hashing costs a large part of a load (docs/architecture.md, "Files that survive kills
+    and races")."""
+    return _stream([Path(path)], None, progress=False, desc="")
 
 
 def _check_hash(spec: EmbeddedModel, paths: list[Path], got: str) -> None:
