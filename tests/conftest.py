@@ -214,9 +214,9 @@ def pytest_terminal_summary(terminalreporter):
                                 + f"; not on this CPU: {', '.join(missing) or 'none'}")
 
 
-def run_all(engine, requests: dict) -> dict:
+def run_all(engine, requests: dict, errors: dict | None = None) -> dict:
     """Run a BatchEngine: admit requests whenever a row is free (continuous batching); collect
-    each request's tokens and finish reason."""
+    each request's tokens and finish reason (and, into errors if given, each one's RowUpdate.error)."""
     waiting, out = list(requests.items()), {handle: [] for handle in requests}
     reasons, widest = {}, 0
     while waiting or engine.running:
@@ -227,5 +227,7 @@ def run_all(engine, requests: dict) -> dict:
             out[update.handle] += update.token_ids
             if update.finish_reason:
                 reasons[update.handle] = update.finish_reason
+                if errors is not None:
+                    errors[update.handle] = update.error
     assert widest == min(engine.slots, len(requests))  # requests really ran side by side
     return {handle: (out[handle], reasons[handle]) for handle in requests}

@@ -33,15 +33,8 @@ def test_a_request_whose_logits_are_nan_fails_alone(poisoned, tokenizer, method,
     prompts = {"clean": "the quick brown fox", "poisoned": "lazy dogs", "also clean": "hello hello hello"}
     requests = {name: batched.make_request(prompt, params, max_new_tokens=12) for name, prompt in prompts.items()}
     errors = {}
-    waiting, out, reasons = list(requests.items()), {name: [] for name in requests}, {}
-    while waiting or batched.running:
-        while waiting and batched.free_slots:
-            batched.add(*waiting.pop(0))
-        for update in batched.step():
-            out[update.handle] += update.token_ids
-            if update.finish_reason:
-                reasons[update.handle] = update.finish_reason
-                errors[update.handle] = update.error
+    got = run_all(batched, requests, errors)
+    out, reasons = {name: tokens for name, (tokens, _) in got.items()}, {name: why for name, (_, why) in got.items()}
     assert reasons["poisoned"] == "error" and out["poisoned"] == []
     assert "no finite value" in errors["poisoned"]
     alone = SpecEngine(make_native(poisoned), build_proposer(method), tokenizer, k=3)
