@@ -62,6 +62,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--tree-depth", type=int, default=8)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--write-scorer", default=None, help="also write the scorer fitted on every run (the one "
+                                                             "the package ships: src/specdec/data/copy_scorer.json)")
+    parser.add_argument("--prior-costs", default="benchmarks/results/draft-oracle-zen4/verify_cost_with_draft.json",
+                        help="the cost table --write-scorer records as --method copy's prior (until the engine "
+                             "has measured its own)")
     args = parser.parse_args()
     k = args.k
     tables = {name: cost_table(path)[0] for name, path in (c.split("=", 1) for c in args.costs)}
@@ -149,6 +154,15 @@ def main() -> None:
                                                                    tokens=t.tokens, steps=t.steps, drafted=t.drafted)
                                                           for c, t in by_category.items()}
                                                    for label, by_category in totals.items()})
+    if args.write_scorer:
+        scorer, about = cand.fit_scorer([(turns, bool(header.get("stream"))) for header, turns, _ in runs], k)
+        prior = json.loads(Path(args.prior_costs).read_text())
+        about["fitted on"] = args.runs.split(",")
+        about["cost prior"] = dict(ratio=prior["results"][0]["ratio"], measured=args.prior_costs,
+                                   on=f"{prior.get('cpu', '?')} {prior.get('isa', '')}".strip(),
+                                   format=prior["results"][0].get("format", "?"))
+        Path(args.write_scorer).write_text(scorer.to_json(**about))
+        print(f"wrote {args.write_scorer}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -184,6 +184,15 @@ def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_
         assert replayed[method]["tau"] == pytest.approx(sum(r["tokens"] for r in recorded) / forwards)
         assert replayed["copy ceiling"]["tau"] >= replayed[method]["tau"]
     assert replayed["suffix"]["tau"] > 1.5  # the repeated request is copied from the first one's answer
+    assert 1.0 <= replayed["copy"]["tau"] <= replayed["copy ceiling"]["tau"]
+    scorer = tmp_path / "scorer.json"  # --fit: copy's scorer from these answers, then used as a file
+    code, fitted, err = run(capsys, "replay", str(out), "--methods", "copy", "--fit", str(scorer))
+    assert code == 0 and "fitted copy's scorer on" in fitted, err
+    assert json.loads(scorer.read_text())["fitted on"] == [str(out)]
+    code, reused, err = run(capsys, "replay", str(out), "--methods", "copy", "--copy-scorer", str(scorer))
+    assert code == 0 and reused.strip() in fitted, err  # the same replay, from the file
+    code, _, err = run(capsys, "replay", str(out), "--copy-scorer", str(tmp_path / "none.json"))
+    assert code == 2 and "cannot read the copy scorer" in err
     code, text, err = run(capsys, "replay", str(tmp_path / "nothing"))
     assert code == 2 and "no bench results" in err and "Traceback" not in err
     code, text, err = run(capsys, "replay", str(out), "--methods", "draft")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from specdec.config import (DEFAULT_DRAFT, DEFAULT_TARGET, QUANTIZATIONS, HeadOptions, NgramOptions, SpecConfig)
 from specdec.proposers.lookahead import LookaheadOptions
 from specdec.proposers.registry import AUTO_METHOD, METHODS
+from specdec.proposers.scored_copy import DEFAULT_CORPUS_TOKENS, CopyOptions
 from specdec.proposers.suffix import SuffixOptions
 
 LENIENCE_HELP = ("LOSSY below 1 (Leviathan et al., Appendix A.5): a drafted token t is accepted with probability "
@@ -247,6 +248,16 @@ def add_ngram_args(parser: argparse.ArgumentParser) -> None:
     suffix.add_argument("--suffix-min-prob", type=probability, default=0.1, metavar="P",
                         help="draft no token whose estimated probability (the product of its path's "
                              "continuation frequencies) is below P (default: 0.1, vLLM's)")
+    copy = parser.add_argument_group("scored copying (--method copy)")
+    copy.add_argument("--copy-scorer", default=None, metavar="FILE",
+                      help="the fitted score it chooses by, as `specdec replay RUN --fit FILE` writes it from your "
+                           "own recorded answers (default: the one that ships, fitted on the repository's bench runs)")
+    copy.add_argument("--copy-corpus-tokens", type=non_negative_int, default=DEFAULT_CORPUS_TOKENS, metavar="N",
+                      help="earlier requests' prompts and answers it also copies from, per tenant, newest kept "
+                           f"(default: {DEFAULT_CORPUS_TOKENS}; 0 = each request copies from itself only)")
+    copy.add_argument("--copy-costs", default=None, metavar="FILE",
+                      help="choose draft lengths by this `specdec costs` table instead of the engine's measured "
+                           "step times: a seeded sampled run then drafts, hence draws, the same every time")
     lookahead = parser.add_argument_group("lookahead decoding (--method lookahead)")
     lookahead.add_argument("--lookahead-window", type=positive_int, default=4, metavar="W",
                            help="columns of the Jacobi window the target guesses ahead on (default: 4)")
@@ -283,6 +294,8 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
             ("max_depth", "max_depth", SuffixOptions.max_depth),
             ("spec_factor", "spec_factor", SuffixOptions.spec_factor),
             ("min_token_prob", "min_prob", SuffixOptions.min_token_prob))}),
+        copy=CopyOptions(option("copy_scorer"), option("copy_corpus_tokens", DEFAULT_CORPUS_TOKENS),
+                         option("copy_costs")),
         lookahead=LookaheadOptions(option("lookahead_window", LookaheadOptions.window),
                                    option("lookahead_ngram", LookaheadOptions.ngram),
                                    option("lookahead_guesses", LookaheadOptions.guesses)),

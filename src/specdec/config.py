@@ -18,6 +18,7 @@ from specdec.models.native.linear import QUANTIZATIONS
 from specdec.proposers.lookahead import LookaheadOptions
 from specdec.proposers.ngram import check_ngram_args
 from specdec.proposers.registry import AUTO_METHOD, METHODS, check_method, head_kind, needs_draft_model, resolve_method
+from specdec.proposers.scored_copy import CopyOptions
 from specdec.proposers.suffix import SuffixOptions
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -86,6 +87,7 @@ class SpecConfig:
     draft_vocab: int | None = None  # the draft's head scores only this many frequent tokens
     ngram: NgramOptions = field(default_factory=NgramOptions)
     suffix: SuffixOptions = field(default_factory=SuffixOptions)
+    copy: CopyOptions = field(default_factory=CopyOptions)
     lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
     head: HeadOptions = field(default_factory=HeadOptions)
 
@@ -107,7 +109,8 @@ class SpecConfig:
                                      ("backend", self.backend, BACKENDS), ("dtype", self.dtype, DTYPES)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        for name, kind in (("ngram", NgramOptions), ("suffix", SuffixOptions), ("lookahead", LookaheadOptions),
+        for name, kind in (("ngram", NgramOptions), ("suffix", SuffixOptions), ("copy", CopyOptions),
+                           ("lookahead", LookaheadOptions),
                            ("head", HeadOptions)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")

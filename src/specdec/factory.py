@@ -63,7 +63,7 @@ def proposer_for(config: SpecConfig, target, draft=None, *,
     heads: a dict shared across calls so that a grid of k values loads each head once."""
     return build_proposer(config.method, draft_runner=draft.runner if draft is not None else None,
                           adaptive=config.k == "auto", **proposer_options(config),
-                          suffix=config.suffix, lookahead=config.lookahead,
+                          suffix=config.suffix, lookahead=config.lookahead, copy=config.copy,
                           **_head_arguments(config, target, heads))
 
 
@@ -91,7 +91,7 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, hea
     for a head method. None: plain decoding."""
     loaded, vocabulary = head if head is not None else (None, None)
     return build_proposer(config.method, slots=slots, draft_runner=draft_runner, adaptive=config.k == "auto",
-                          **proposer_options(config), suffix=config.suffix, lookahead=config.lookahead, head=loaded,
+                          **proposer_options(config), suffix=config.suffix, lookahead=config.lookahead, copy=config.copy, head=loaded,
                           head_vocabulary=vocabulary, tree_size=config.head.tree_size, tree_topk=config.head.tree_topk)
 
 

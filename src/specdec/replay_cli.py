@@ -18,6 +18,8 @@ examples:
   specdec replay benchmarks/results/agent-loop-kernels --k 4,8,16 \\
       --costs benchmarks/results/verify_cost_w4a8_kernels.json   # speed under a CPU's measured costs
   specdec replay bench-results --suffix-spec-factor 2 --suffix-min-prob 0.2   # tune, then bench the winner
+  specdec replay my-agent-run --fit my-scorer.json --costs costs.json
+      # fit --method copy's scorer on your own answers, then: specdec serve ... --copy-scorer my-scorer.json
   specdec costs --draft qwen2.5-coder-0.5b       # this machine's costs -> costs.json
   specdec replay bench-results --draft qwen2.5-coder-0.5b --k 2,4,8 --costs costs.json
       # the draft model replayed, and the most any k rule could get from its guesses on this machine
@@ -58,8 +60,9 @@ def add_replay_command(sub) -> None:
                                            "speedup, the copy ceiling and the draft's oracle",
                             epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("results", help="a `specdec bench` OUT directory (or its results.jsonl)")
-    replay.add_argument("--methods", default=None, help="comma-separated, of ngram, suffix, draft and ngram+draft "
-                                                         "(the last two need --draft; default: all that can run)")
+    replay.add_argument("--methods", default=None, help="comma-separated, of ngram, suffix, copy, draft and "
+                                                         "ngram+draft (the last two need --draft; default: all "
+                                                         "that can run)")
     replay.add_argument("--k", default=None,
                         help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
     replay.add_argument("--costs", help="the cost table of the machine to predict for, as `specdec costs` "
@@ -72,6 +75,11 @@ def add_replay_command(sub) -> None:
                                     ("min-prob", "min_token_prob", float, "lowest estimated probability drafted")):
         replay.add_argument(f"--suffix-{name}", dest=f"suffix_{field}", type=kind, default=None,
                             help=f"{what} (default: the run's)")
+    replay.add_argument("--copy-scorer", default=None, metavar="FILE",
+                        help="copy's scorer, as --fit writes it (default: the one that ships)")
+    replay.add_argument("--fit", default=None, metavar="FILE",
+                        help="fit copy's scorer on these answers (at the first --k), write it to FILE and replay "
+                             "copy with it: in-sample, so fit on one run and replay another to judge it")
     replay.add_argument("--draft", help="a draft model (embedded name or Hugging Face directory): replay it, and "
                                         "price its oracle; loads the draft only")
     replay.add_argument("--draft-quantize", default="auto", choices=["auto", *QUANTIZATIONS],
@@ -90,13 +98,14 @@ def cmd_replay(args) -> int:
                                          replay_rows)
     from specdec.bench.harness import read_results
     from specdec.proposers.registry import build_proposer
+    from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
     from specdec.proposers.suffix import SuffixOptions
 
     path = results_path(args.results)
     if not path.exists():
         raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
     header, rows = read_results(path)
-    model_free, with_draft = ("ngram", "suffix"), ("draft", "ngram+draft")
+    model_free, with_draft = ("ngram", "suffix", "copy"), ("draft", "ngram+draft")
     methods = [m.strip() for m in (args.methods or ",".join(model_free + (with_draft if args.draft else ()))).split(",")
                if m.strip()]
     for method in methods:
@@ -137,6 +146,9 @@ def cmd_replay(args) -> int:
         oracles = DraftOracles(draft.runner, vocab_size, cost, draft_cost)
     proposers = {method: (lambda method=method: build_proposer(method, suffix=options, draft_runner=runner, **ngram))
                  for method in methods}
+    if "copy" in methods:  # it sizes drafts by the costs replayed (no engine measures any here)
+        scorer = _copy_scorer(args, header, rows, ks[0])
+        proposers["copy"] = lambda: ScoredCopyProposer(scorer, step_costs=StepCosts(prior=cost))
     report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost, draft_cost=draft_cost,
                          max_new_tokens=header.get("max_new_tokens"), vocab_size=vocab_size, forwards=runner,
                          oracles=oracles)
@@ -151,3 +163,21 @@ def cmd_replay(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(replay_json(report, label), indent=1) + "\n")
     return 0
+
+
+def _copy_scorer(args, header: dict, rows: list[dict], k: int):
+    """--fit's scorer (written to its file), --copy-scorer's, or the shipped one."""
+    from specdec.analysis.candidates import fit_scorer
+    from specdec.analysis.replay import recorded_turns
+    from specdec.proposers.scored_copy import load_scorer
+
+    if args.fit is None:
+        return load_scorer(args.copy_scorer)
+    turns = recorded_turns(rows)
+    if not turns:
+        raise ValueError("--fit needs greedy plain-decoding answers (bench runs autoregressive at --temperature 0)")
+    scorer, about = fit_scorer([(turns, bool(header.get("stream")))], k)
+    about["fitted on"] = [str(args.results)]
+    Path(args.fit).write_text(scorer.to_json(**about))
+    print(f"fitted copy's scorer on {about['steps']} steps of {about['turns']} answers -> {args.fit}")
+    return scorer

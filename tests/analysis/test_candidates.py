@@ -164,8 +164,27 @@ def test_walking_suffix_decodings_chain_among_the_candidates_is_its_replay():
 
 def test_path_features_count_agreement_and_branching_along_the_path():
     tokens = np.array([[1, 2, 3], [1, 2, 4], [1, 5, 6]])
-    path = cand._path_features(tokens, np.array([1.0, 1.0, 2.0]), np.log([2.0, 1.0, 1.0]))
+    path = cand.path_features(tokens, np.array([1.0, 1.0, 2.0]), np.log([2.0, 1.0, 1.0]))
     np.testing.assert_allclose(path[0, :, 0], [1.0, 2 / 4, 1 / 2])  # weighted by occurrences
     np.testing.assert_allclose(path[0, :, 1], [1.0, 1.0, 1.0])  # only itself matched as long
     np.testing.assert_allclose(path[1, :, 1], [1.0, 2 / 4, 1 / 2])
     np.testing.assert_allclose(np.exp(path[0, :, 2]), [1, 2, 2])  # tokens offered after 1 / 1 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_live_proposer_drafts_what_the_offline_chooser_chooses(stream):
+    """--method copy replayed equals the analysis' walk with the same scorer and costs: the fit
+    measured offline is what runs."""
+    from specdec.analysis.replay import replay
+    from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
+
+    rng = np.random.default_rng(6)
+    turns = [turn(rng.integers(0, 6, 30).tolist(), rng.integers(0, 6, 40).tolist(), qid=str(i)) for i in range(4)]
+    k, cost = 6, (lambda rows: 1.0 + 0.12 * (rows - 1))
+    found = cand.collect(turns, k, stream)
+    scorer = cand.fit_logistic(*cand.training_set(found, k))
+    live = replay(turns, ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False)), k, stream)
+    for tc, steps in zip(found, live):
+        walked = cand.walk(tc, cand.scored_chooser(scorer, cost), k)
+        assert walked.accepted == steps.accepted and walked.drafted == steps.drafted
+    assert sum(sum(s.drafted) for s in live) > 0

@@ -10,6 +10,7 @@ from specdec.proposers import DraftModelProposer, NgramProposer
 from specdec.proposers.hybrid import NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadProposer
 from specdec.proposers.registry import build_proposer
+from specdec.proposers.scored_copy import CopyCorpus, CopyOptions, ScoredCopyProposer, StepCosts
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 
 PROMPTS = ["the quick brown fox", "a", "hello hello hello hello", "abc abc abc, abc abc", "why? because.",
@@ -30,11 +31,16 @@ def single_engine(models, tokenizer, method, k=3):
                 # Trees, as the batched engine drafts them; no cache of earlier outputs, whose contents
                 # depend on the order requests finish in (the server's cache: its own test).
                 "suffix": SuffixProposer(options=NO_CACHE), "lookahead": LookaheadProposer(),
+                # Fixed costs: draft lengths that do not follow the machine's timings, so seeded draws repeat.
+                "copy": ScoredCopyProposer(corpus=CopyCorpus(0), step_costs=StepCosts(measured=False)),
                 "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft))}[method]
     return SpecEngine(target, proposer, tokenizer, k=k)
 
 
 def batched_engine(models, tokenizer, method, k=3, slots=SLOTS):
     target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
-    proposer = build_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE)
+    proposer = build_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE,
+                              copy=CopyOptions(corpus_tokens=0))
+    if method == "copy":
+        proposer.step_costs.measured = False  # as single_engine's
     return BatchEngine(target, proposer, tokenizer, k=k)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.planning.costs import cost_ratios, interpolated
 from specdec.proposers.base import Proposer, ProposeContext
 from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.sampling.params import SamplingParams
@@ -268,34 +269,15 @@ def cheapest_path(turn: RecordedTurn, sources: Sequence[tuple[Sequence[int], flo
     return best[1] if n > 1 else 0.0, steps
 
 
-def _interpolated(points: Sequence[tuple[int, float]]) -> CostFn:
-    """Linear between the measured points, and beyond the last two along their line."""
-    def cost(rows: int) -> float:
-        for (x0, y0), (x1, y1) in zip(points, points[1:]):
-            if rows <= x1:
-                return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
-        (x0, y0), (x1, y1) = points[-2], points[-1]
-        return y1 + (y1 - y0) * (rows - x1) / (x1 - x0)
-
-    return cost
-
-
 def cost_table(path: str | Path) -> tuple[CostFn, str]:
     """cost(rows) from a cost file (`specdec costs`, analysis/machine_costs.py; its first result):
     the measured ratio of an n-token forward to a 1-token step, linear between measured n and
     beyond the last two. The label names the machine the file was measured on, and the bandwidth
     its process read the weights at where the file has it (analysis/machine_costs.py: why)."""
-    data = json.loads(Path(path).read_text())
-    try:
-        result = data["results"][0]
-        points = sorted((int(rows), float(ratio)) for rows, ratio in result["ratio"].items())
-    except (KeyError, IndexError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: not a cost table (no results[0].ratio; `specdec costs` writes one)") from error
-    if len(points) < 2 or points[0][0] != 1:
-        raise ValueError(f"{path}: needs the 1-token step and at least one longer forward")
+    points, data, result = cost_ratios(path)
     where = data.get("gpu") or f"{data.get('cpu', '?')} {data.get('isa') or ''}".strip()
     read = f", weights read at {result['read_gb_s']:.0f} GB/s" if "read_gb_s" in result else ""
-    return _interpolated(points), f"{where}, {result.get('format', '?')}{read}"
+    return interpolated(points), f"{where}, {result.get('format', '?')}{read}"
 
 
 def draft_cost_table(path: str | Path) -> tuple[CostFn, str] | None:
@@ -312,7 +294,7 @@ def draft_cost_table(path: str | Path) -> tuple[CostFn, str] | None:
         raise ValueError(f"{path}: its draft entry needs step_ms, and results[0] the 1-token step") from error
     if len(points) < 2:
         raise ValueError(f"{path}: the draft needs at least two measured forwards")
-    return _interpolated(points), f"{data['draft'].get('format', 'draft')}: {points[0][1]:.2f} of a target step"
+    return interpolated(points), f"{data['draft'].get('format', 'draft')}: {points[0][1]:.2f} of a target step"
 
 
 def flat_cost(rows: int) -> float:

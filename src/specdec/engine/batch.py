@@ -37,7 +37,7 @@ from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import MAX_STOP_STRING_CHARS, Request, TokenLogprob, check_generation_options, \
     common_prefix_length, encode_prompt
-from specdec.engine.step import Row, commit_row, prefill, record_tree_step, run_adaptive_step
+from specdec.engine.step import Row, commit_row, prefill, record_step_costs, run_adaptive_step
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
@@ -367,8 +367,7 @@ class BatchEngine:
         # Steps 1-5 and 7 (engine/step.py), then 6: commit, cut at EOS / stop / length; finished rows leave.
         result = run_adaptive_step(self.target, self.proposer, rows, max_ks, self.adaptive,
                                    [row.handle for row in rows])
-        if batch == 1:  # --tree-size auto learns what one row's tree costs and brings
-            record_tree_step(self.proposer, result)
+        record_step_costs(self.proposer, result)  # one row's: scored copying's costs, --tree-size auto's
         updates, finished, failed = [], [], set()
         now = time.perf_counter()
         for b, row in enumerate(rows):

@@ -17,7 +17,7 @@ from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.batch import BatchEngine
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, encode_prompt
-from specdec.engine.step import Row, prefill, record_tree_step, run_adaptive_step
+from specdec.engine.step import Row, prefill, record_step_costs, run_adaptive_step
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer
@@ -163,6 +163,6 @@ class SpecEngine:
                     raise ValueError("the prompt leaves no room in the context for the sampled tokens")
                 result = run_adaptive_step(target, engine.proposer, [row], [min(engine.k, context_left - 1)],
                                            engine.adaptive, [0])
-                record_tree_step(engine.proposer, result)
+                record_step_costs(engine.proposer, result)
                 row.tokens += result.tokens[0]
             yield row.tokens[len(ids):]

@@ -167,7 +167,7 @@ def run_adaptive_step(target, proposer: BatchProposer | None, rows: Sequence[Row
                       controller, handles: Sequence) -> StepResult:
     """run_step with each row's k (at most its cap) chosen by the controller (engine/adaptive.py,
     None: the caps themselves), which then learns from what the step measured."""
-    if controller is None or proposer is None:
+    if controller is None or proposer is None or proposer.sizes_own_drafts:
         return run_step(target, proposer, rows, caps)
     unread = [proposer.unread_tokens(b, len(row.tokens)) for b, row in enumerate(rows)]
     offered = [proposer.sources(b, row.tokens) for b, row in enumerate(rows)]  # a composite's choices
@@ -221,10 +221,16 @@ def prefill(target, row: Row, start: int, count: int, cache_row: int, features: 
         queue_hidden(row, output.hidden)
 
 
-def record_tree_step(proposer: BatchProposer | None, result: StepResult) -> None:
-    """--tree-size auto: a one-row step that verified a tree teaches the proposer's budget what
-    verifying that many tokens cost and how many it accepted (proposers/tree_budget.py)."""
-    if result.trees[0] is not None and proposer is not None and proposer.tree_budget is not None:
+def record_step_costs(proposer: BatchProposer | None, result: StepResult) -> None:
+    """What a one-row step's verification cost, for the proposer that sizes drafts by it: scored
+    copying's step_costs (proposers/scored_copy.py), and --tree-size auto's budget, which also learns
+    how many of the tree's nodes were accepted (proposers/tree_budget.py). Steps of several rows are
+    not recorded: their cost is the whole batch's."""
+    if proposer is None or len(result.drafted) != 1:
+        return
+    if proposer.step_costs is not None:
+        proposer.step_costs.record(result.forward_tokens, result.verify_s)
+    if result.trees[0] is not None and proposer.tree_budget is not None:
         proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
                                     accepted=result.accepted[0])
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 class RecentTimes:
@@ -49,3 +51,32 @@ class RecentTimes:
         slope = sum(weights[x] * (x - mean_x) * (medians[x] - mean_y) for x in medians) / spread if spread else 0.0
         slope = max(slope, 0.0)
         return lambda x: medians[x] if x in medians else mean_y + slope * (x - mean_x)
+
+
+def interpolated(points: Sequence[tuple[int, float]]) -> Callable[[int], float]:
+    """A cost curve through measured (tokens, cost) points, ascending: linear between them, and
+    beyond the last two along their line."""
+    def cost(rows: int) -> float:
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if rows <= x1:
+                return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        return y1 + (y1 - y0) * (rows - x1) / (x1 - x0)
+
+    return cost
+
+
+def cost_ratios(path: str | Path) -> tuple[list[tuple[int, float]], dict, dict]:
+    """(points, the file, its first result) of a cost file (`specdec costs`, analysis/machine_costs.py):
+    the measured ratio of an n-token forward to a 1-token step, ascending in n."""
+    try:
+        data = json.loads(Path(path).read_text())
+        result = data["results"][0]
+        points = sorted((int(rows), float(ratio)) for rows, ratio in result["ratio"].items())
+    except OSError as error:
+        raise ValueError(f"cannot read the cost table {path}: {error}") from error
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: not a cost table (no results[0].ratio; `specdec costs` writes one)") from error
+    if len(points) < 2 or points[0][0] != 1:
+        raise ValueError(f"{path}: needs the 1-token step and at least one longer forward")
+    return points, data, result

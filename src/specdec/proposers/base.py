@@ -133,6 +133,11 @@ class Proposer:
     # --tree-size auto: the controller that sizes the next tree from measured verification costs
     # (proposers/tree_budget.py); the engine records each tree step into it. None = fixed trees.
     tree_budget = None
+    # Scored copying (proposers/scored_copy.py) chooses each draft's length itself from the verification
+    # costs the engine records into step_costs (engine/step.py: record_step_costs): under -k auto the
+    # engine then asks it for the whole k, and the controller does not choose a length on top.
+    sizes_own_drafts: bool = False
+    step_costs = None  # a StepCosts with record(tokens, seconds), or None: the engine records nothing
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         raise NotImplementedError

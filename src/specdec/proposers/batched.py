@@ -30,6 +30,8 @@ class BatchProposer:
     target_layers: tuple[int, ...] = ()  # as Proposer's
     extra_verify_tokens: int = 0  # as Proposer's
     tree_budget = None  # as Proposer's (one request: SpecEngine records its tree steps into it)
+    sizes_own_drafts: bool = False  # as Proposer's
+    step_costs = None  # as Proposer's (one-row steps are recorded into it)
 
     def start_row(self, row: int) -> None:
         """A new request now runs in row."""
@@ -115,6 +117,7 @@ class RowwiseProposer(BatchProposer):
         self.target_layers = tuple(first.target_layers)
         self.extra_verify_tokens = first.extra_verify_tokens
         self.tree_budget = first.tree_budget
+        self.sizes_own_drafts, self.step_costs = first.sizes_own_drafts, first.step_costs
 
     def start_row(self, row: int) -> None:
         self.rows[row].reset()

@@ -52,7 +52,7 @@ class EagleProposer(Proposer):
             raise ValueError(f"tree_size must be an integer >= 0 (0 = a chain) or 'auto', got {tree_size!r}")
         if tree_topk < 1:
             raise ValueError(f"tree_topk must be >= 1, got {tree_topk}")
-        # auto: the engine reports each one-row step's verification here (step.py's record_tree_step), and
+        # auto: the engine reports each one-row step's verification here (step.py's record_step_costs), and
         # the budget sizes the next tree.
         self.tree_budget = TreeBudget(max_tree_size) if tree_size == "auto" else None
         tree_size = max_tree_size if tree_size == "auto" else tree_size

@@ -11,6 +11,7 @@ from specdec.proposers.draft_model import CONTEXT_WINDOW, DraftModelProposer
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
+from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer, load_scorer
 from specdec.proposers.suffix import SuffixCache, SuffixOptions, SuffixProposer
 
 METHODS = {
@@ -28,6 +29,9 @@ METHODS = {
     "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
     "lookahead": "lookahead decoding: the target itself guesses n-grams by Jacobi iteration over a window of "
                  "guesses, in the same forward that verifies earlier ones; no draft model (native backend)",
+    "copy": "scored copying: every continuation this request and earlier ones offer, each token's acceptance "
+            "estimated by a fitted score, the candidate and length with the most tokens per second under the "
+            "machine's measured costs; no draft model",
     "suffix": "suffix decoding: frequency-scored draft trees from suffix trees over this request and earlier "
               "requests' outputs (a cache shared across requests); no draft model",
 }
@@ -111,6 +115,7 @@ def build_proposer(
     suffix: SuffixOptions | None = None,
     suffix_cache: SuffixCache | None = None,  # shared across engines and tenants; default: one per tenant
     lookahead: LookaheadOptions | None = None,
+    copy: CopyOptions | None = None,
 ) -> Proposer | BatchProposer | None:
     """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's); None means
     plain decoding: the engine then drafts nothing.
@@ -141,6 +146,10 @@ def build_proposer(
         return per_row(lambda: SuffixProposer(cache, options))
     if method == "lookahead":
         return per_row(lambda: LookaheadProposer(lookahead))
+    if method == "copy":  # one scorer, one cost curve and one corpus per tenant, shared by the rows
+        options = copy or CopyOptions()
+        scorer, costs, corpora = load_scorer(options.scorer), options.new_step_costs(), options.new_tenant_corpora()
+        return per_row(lambda: ScoredCopyProposer(scorer, corpora, costs))
     if head_kind(method) is not None:
         size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
         if size == "auto" and slots > 1:

@@ -1,0 +1,255 @@
+"""Every continuation the copy sources offer at a step, the features that say how far each will be
+accepted, and the choice among them: the core of scored copying (proposers/scored_copy.py) and of
+its offline analysis (analysis/candidates.py, which fits the score on recorded answers).
+
+n-gram lookup (prompt lookup, Saxena 2023; LLMA, Yang et al. 2023, arXiv 2304.04487) and suffix
+decoding (Oliaro et al. 2024, arXiv 2411.04975) each find earlier occurrences of the context's tail
+and copy what followed one of them by a fixed rule. Replaying recorded answers showed the right
+continuation is usually among the occurrences and the rule picks the wrong one or the wrong length
+(docs/architecture.md, "Scored copying"). So here every occurrence is a candidate:
+
+A candidate is the continuation of one earlier occurrence of the context's tail: a start position
+j in a text (this request's prompt and answer so far; earlier requests' prompts and answers) such
+that the tokens before j equal the context's last m >= 1 tokens. Every path either proposer drafts
+is one: ngram copies what followed its longest matched n (n <= 3); a suffix tree's path from its
+matched suffix's node is a substring of the texts it counts. Occurrences with the same continuation
+(its first k tokens) are one candidate, its features taken from its best occurrence (the longest
+match, then the most recent).
+
+Features (`FEATURES`), per candidate, and per draft depth (`PATH_FEATURES`):
+  match         m, the matched tail's length (capped at `depth`, suffix decoding's max depth)
+  source        prompt / answer / earlier prompt / earlier answer, of the best occurrence
+  recency       tokens back from the context's end to that occurrence's continuation
+  occurrences   how many occurrences share this exact continuation
+  frequency     among occurrences matching at least m tokens, the share whose next token is this
+                candidate's: suffix decoding's count(child) / count(children) at the matched node
+  support       how many occurrences match at least m tokens (the node's count)
+  agreement     (per depth) among the candidates that agree with this one before depth i, the
+                occurrence-weighted share that also agrees at depth i: the frequency along the path
+  agreement among longer matches   the same among candidates matched at least as long as this one
+  branching     (per depth) how many different tokens the candidates agreeing before depth i offer
+
+A scorer (`LogisticScorer`) estimates the hazard h_i = P(the depth-i token is accepted | the ones
+before it were); a candidate drafted d deep then expects E_d = sum_{i<=d} prod_{l<=i} h_l accepted
+tokens, and `choose_draft` takes the candidate and length with the most tokens per unit of
+verification cost, (1 + E_d) / cost(1 + d), or no draft at all, 1 / cost(1): the machine's cost
+curve decides how far a guess is worth verifying.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SOURCES = ("prompt", "answer", "earlier prompt", "earlier answer")  # a candidate's source is an index here
+FEATURES = ("log match", "log recency", "answer", "earlier prompt", "earlier answer", "log occurrences",
+            "frequency", "log support", "log length")
+PATH_FEATURES = ("agreement", "agreement among longer matches", "log branching")  # per depth
+HAZARD_FEATURES = FEATURES + PATH_FEATURES + ("log depth", "depth 1")  # hazard_rows' columns
+SEPARATOR = -1  # between texts of the earlier corpus: no match or continuation crosses it
+DEFAULT_DEPTH = 24  # the longest tail matched (suffix decoding's max depth)
+DEFAULT_MOST = 64  # distinct continuations kept per step, longest-matched then most recent
+
+CostFn = Callable[[int], float]  # tokens in a verification forward -> its time in 1-token steps
+
+
+@dataclass
+class StepCandidates:
+    """The candidates at one step: the context is the prompt and the answer so far."""
+
+    position: int  # in the answer
+    tokens: np.ndarray  # [n, k] int64, each candidate's continuation, padded with -1
+    lengths: np.ndarray  # [n] tokens offered (1..k)
+    labels: np.ndarray | None  # [n] tokens of it the answer accepts (0..lengths); None: the answer is unknown
+    features: np.ndarray  # [n, len(FEATURES)] float
+    path: np.ndarray  # [n, k, len(PATH_FEATURES)] float, per depth (see the module docstring)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def occurrences(text: np.ndarray, context: np.ndarray, last_start: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, match lengths): each start j <= last_start of `text` whose preceding tokens equal the
+    context's last m >= 1 (m capped at depth)."""
+    if len(context) == 0 or last_start < 1:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.flatnonzero(text[:last_start] == context[-1]) + 1  # text[j - 1] == the last token
+    lengths = np.ones(len(starts), np.int64)
+    alive = np.arange(len(starts))
+    for m in range(2, min(depth, len(context)) + 1):
+        alive = alive[starts[alive] >= m]
+        alive = alive[text[starts[alive] - m] == context[-m]]
+        if not len(alive):
+            break
+        lengths[alive] = m
+    return starts, lengths
+
+
+def _continuations(text: np.ndarray, starts: np.ndarray, end: int, k: int) -> np.ndarray:
+    """[len(starts), k]: text[j:j + k] for each start j, cut at `end` and at the first SEPARATOR,
+    padded with SEPARATOR."""
+    padded = np.concatenate([text[:end], np.full(k, SEPARATOR, text.dtype)])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, k)[starts]
+    return np.where(np.cumsum(windows == SEPARATOR, axis=1) > 0, SEPARATOR, windows)
+
+
+def step_candidates(position: int, context: np.ndarray, prompt_len: int, earlier: np.ndarray | None,
+                    earlier_source: np.ndarray | None, k: int, depth: int = DEFAULT_DEPTH, most: int = DEFAULT_MOST,
+                    answer_rest: Sequence[int] | None = None) -> StepCandidates | None:
+    """Every candidate after `context` (None: there is none).
+
+    context: [L] the prompt and the answer so far (position = L - prompt_len); earlier: the earlier
+    texts joined by SEPARATORs, earlier_source their index in SOURCES per token (2 or 3); answer_rest:
+    the answer from here, for the labels (analysis only). most: the longest-matched (then most
+    recent) distinct continuations kept; frequency and support count every occurrence."""
+    L = len(context)
+    found = []  # (starts, match lengths, text, end of continuation, recency of each start, source of each)
+    starts, lengths = occurrences(context, context, L - 1, depth)  # a match is followed by a token
+    found.append((starts, lengths, context, L, L - starts, np.where(starts < prompt_len, 0, 1)))
+    if earlier is not None and len(earlier) > 1:
+        e_starts, e_lengths = occurrences(earlier, context, len(earlier) - 1, depth)
+        keep = earlier[e_starts] != SEPARATOR  # followed by a token of the same text
+        e_starts, e_lengths = e_starts[keep], e_lengths[keep]
+        found.append((e_starts, e_lengths, earlier, len(earlier), L + len(earlier) - e_starts,
+                      earlier_source[e_starts]))
+    all_lengths = np.concatenate([f[1] for f in found])
+    if not len(all_lengths):
+        return None
+    all_next = np.concatenate([f[2][f[0]] for f in found])
+    # Frequency and support at each match level (few distinct m per step).
+    freq_at: dict[tuple[int, int], int] = {}
+    support_at: dict[int, int] = {}
+    for m in np.unique(all_lengths):
+        at_least = all_next[all_lengths >= m]
+        support_at[int(m)] = len(at_least)
+        tokens, counts = np.unique(at_least, return_counts=True)
+        freq_at.update({(int(m), int(t)): int(c) for t, c in zip(tokens, counts)})
+    # Occurrences with the same continuation are one candidate: the best occurrence's features.
+    recency = np.concatenate([f[4] for f in found])
+    source = np.concatenate([f[5] for f in found])
+    windows = np.concatenate([_continuations(f[2], f[0], f[3], k) for f in found])  # [N, k], -1 padded
+    order = np.lexsort((recency, -all_lengths))  # longest match first, then most recent
+    windows = windows[order]
+    distinct, first, shared = np.unique(windows, axis=0, return_index=True, return_counts=True)
+    keep = np.argsort(first, kind="stable")[:most]  # the `most` best, in the order above
+    tokens = distinct[keep]  # [n, k], padded with SEPARATOR (-1)
+    best = order[first[keep]]  # each candidate's best occurrence
+    lengths = (tokens != SEPARATOR).sum(axis=1)
+    m, repeats = all_lengths[best], shared[keep]
+    support = np.array([support_at[int(a)] for a in m], np.float64)
+    frequency = np.array([freq_at[(int(a), int(t))] for a, t in zip(m, tokens[:, 0])]) / support
+    src = source[best]
+    features = np.stack([np.log(m), np.log(recency[best]), src == 1, src == 2, src == 3, np.log(repeats),
+                         frequency, np.log(support), np.log(lengths)], axis=1).astype(np.float64)
+    labels = None
+    if answer_rest is not None:  # the common prefix with the answer (padding never matches a token)
+        truth = np.asarray(answer_rest[:k], np.int64)
+        labels = np.cumprod(tokens[:, :len(truth)] == truth[None, :], axis=1).sum(axis=1).astype(np.int64)
+    return StepCandidates(position, tokens, lengths.astype(np.int64), labels, features,
+                          path_features(tokens, repeats.astype(np.float64), features[:, 0]))
+
+
+def path_features(tokens: np.ndarray, weights: np.ndarray, log_match: np.ndarray) -> np.ndarray:
+    """[n, k, len(PATH_FEATURES)]: per candidate and depth, the occurrence-weighted share of the
+    candidates agreeing before it (all of them; those matched at least as long) that agree at it,
+    and how many different tokens those offer there (suffix decoding's children of the node)."""
+    n, k = tokens.shape
+    same = np.cumprod(tokens[:, None, :] == tokens[None, :, :], axis=2)  # [n, n, k] prefixes agree through i
+    path = np.zeros((n, k, len(PATH_FEATURES)))
+    for column, counted in enumerate((np.ones((n, n)), log_match[None, :] >= log_match[:, None])):
+        through = np.einsum("cdi,cd,d->ci", same, counted, weights)  # weight agreeing through depth i
+        before = np.concatenate([(counted * weights).sum(axis=1, keepdims=True), through[:, :-1]], axis=1)
+        path[:, :, column] = np.where(before > 0, through / np.maximum(before, 1e-12), 0.0)
+    # Distinct tokens at depth i among the candidates agreeing with c before i: the candidates d there
+    # that are the first (lowest index) to offer their path through i. Whether d is first does not
+    # depend on c: a d' agreeing with d through i agrees with c before i too.
+    earlier = np.tril(np.ones((n, n), bool), -1)[:, :, None]  # [d, d', 1]: d' < d
+    first = ~np.any(same.astype(bool) & earlier, axis=1) & (tokens >= 0)  # [d, i]
+    before = np.concatenate([np.ones((n, n, 1), bool), same[:, :, :-1].astype(bool)], axis=2)  # [c, d, i]
+    branching = np.einsum("cdi,di->ci", before.astype(np.float64), first.astype(np.float64))
+    path[:, :, 2] = np.where(tokens >= 0, np.log(np.maximum(branching, 1.0)), 0.0)
+    return path
+
+
+def hazard_rows(step: StepCandidates, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, candidate, depth): one row per candidate and drafted depth i = 1..its length (at most k),
+    candidate by candidate, depths ascending: its features, its path features at i, and the depth
+    (log i, and whether i = 1)."""
+    n, width = len(step), min(k, step.tokens.shape[1])
+    depth = np.arange(1, width + 1)
+    x = np.concatenate([np.broadcast_to(step.features[:, None, :], (n, width, len(FEATURES))),
+                        step.path[:, :width],
+                        np.broadcast_to(np.stack([np.log(depth), depth == 1], axis=1), (n, width, 2))], axis=2)
+    valid = depth[None, :] <= step.lengths[:, None]
+    candidate, at = np.nonzero(valid)  # row-major: candidate by candidate, depths ascending
+    return x[valid], candidate, at + 1
+
+
+@dataclass(frozen=True)
+class LogisticScorer:
+    """P(y = 1 | x) = sigmoid(bias + ((x - mean) / scale) . weights), over HAZARD_FEATURES."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+    weights: np.ndarray
+    bias: float
+
+    def probability(self, x: np.ndarray) -> np.ndarray:
+        z = self.bias + ((x - self.mean) / self.scale) @ self.weights
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+    def to_json(self, **about) -> str:
+        """The scorer as data (what ships in the package, what `specdec replay --fit` writes), with
+        `about`: where it was fitted."""
+        columns = {name: dict(mean=float(m), scale=float(s), weight=float(w))
+                   for name, m, s, w in zip(HAZARD_FEATURES, self.mean, self.scale, self.weights)}
+        return json.dumps(dict(kind="logistic hazard", features=columns, bias=self.bias, **about), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "the scorer") -> LogisticScorer:
+        try:
+            data = json.loads(text)
+            columns = data["features"]
+            missing = [name for name in HAZARD_FEATURES if name not in columns]
+            if data.get("kind") != "logistic hazard" or missing:
+                raise ValueError(f"missing features {missing}" if missing else f"kind {data.get('kind')!r}")
+            values = np.array([[float(columns[name][key]) for key in ("mean", "scale", "weight")]
+                               for name in HAZARD_FEATURES])
+            bias = float(data["bias"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{source} is not a copy scorer (`specdec replay --fit` writes one): {error}") from error
+        if not np.isfinite(values).all() or not np.isfinite(bias) or (values[:, 1] <= 0).any():
+            raise ValueError(f"{source} holds a non-finite value or a scale <= 0")
+        return cls(values[:, 0], values[:, 1], values[:, 2], bias)
+
+    @classmethod
+    def load(cls, path: str | Path) -> LogisticScorer:
+        try:
+            text = Path(path).read_text()
+        except OSError as error:
+            raise ValueError(f"cannot read the copy scorer {path}: {error}") from error
+        return cls.from_json(text, str(path))
+
+
+def choose_draft(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int) -> tuple[int, int, float]:
+    """(candidate, tokens to draft, expected accepted) with the most expected tokens per unit of
+    cost, (1 + E_d) / cost(1 + d), against no draft's 1 / cost(1): (-1, 0, 0.0). hazard: the
+    scorer's probability for each of hazard_rows(step, k)'s rows. Ties go to the earlier candidate
+    (the longer match, the more recent) and the shorter draft."""
+    n, width = len(step), min(k, step.tokens.shape[1])
+    depth = np.arange(1, width + 1)
+    valid = depth[None, :] <= step.lengths[:, None]
+    grid = np.zeros((n, width))
+    grid[valid] = hazard
+    expected = np.cumsum(np.cumprod(grid, axis=1), axis=1)  # [n, width]: E_d
+    costs = np.array([cost(1 + d) for d in depth])
+    rate = np.where(valid, (1.0 + expected) / costs[None, :], -np.inf)
+    best = int(np.argmax(rate))  # the first maximum, row-major
+    candidate, drafted = divmod(best, width)
+    if not rate.flat[best] > 1.0 / cost(1):
+        return -1, 0, 0.0
+    return candidate, drafted + 1, float(expected[candidate, drafted])

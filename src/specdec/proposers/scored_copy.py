@@ -1,0 +1,251 @@
+"""Scored copying (`--method copy`): every continuation the context and earlier requests offer,
+each drafted token's chance of acceptance estimated by a fitted score, and the candidate and
+length with the most expected tokens per second under this machine's measured costs.
+
+Prompt lookup (ngram.py) copies the most recent occurrence of the last n <= 3 tokens; suffix
+decoding (suffix.py) the most frequent path below the longest suffix match. Replaying recorded
+answers showed both usually had the right continuation among their candidates and chose the wrong
+one, or the wrong length (docs/architecture.md, "Scored copying"). Here the choice is learned:
+
+  candidates   copy_candidates.step_candidates: every earlier occurrence of the context's tail in
+               this request's prompt and answer so far, and in this tenant's earlier prompts and
+               answers (CopyCorpus), one candidate per distinct continuation, with its features.
+  score        a logistic hazard per drafted depth (copy_candidates.LogisticScorer), fitted on
+               recorded greedy answers by `specdec replay --fit`; the package ships one
+               (data/copy_scorer.json, which says what it was fitted on).
+  choice       copy_candidates.choose_draft: the candidate and length maximising
+               (1 + expected accepted) / cost(1 + drafted), or no draft. cost is StepCosts: the
+               engine's measured verification times (one-row steps), a prior curve until two
+               forward sizes are measured.
+
+Drafts are point masses (probs None), chains: verification is the engine's exact rule, so greedy
+output is plain greedy output and sampled output has the target's distribution. The proposer
+sizes its own drafts (sizes_own_drafts): under `-k auto` the engine gives it the whole k and does
+not second-guess the length.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.planning.costs import RecentTimes, cost_ratios, interpolated
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
+from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
+                                               choose_draft, hazard_rows, step_candidates)
+
+DEFAULT_CORPUS_TOKENS = 65_536  # earlier prompts and answers searched per tenant: a scan costs ~0.1 ms per 64k
+_SHIPPED = "copy_scorer.json"
+
+
+def shipped_scorer_data() -> dict:
+    """The scorer and cost prior that ship with specdec (data/copy_scorer.json)."""
+    return json.loads(resources.files("specdec.data").joinpath(_SHIPPED).read_text())
+
+
+def load_scorer(path: str | Path | None = None) -> LogisticScorer:
+    """A scorer written by `specdec replay --fit` (None: the one that ships)."""
+    if path is None:
+        return LogisticScorer.from_json(json.dumps(shipped_scorer_data()), "the shipped copy scorer")
+    return LogisticScorer.load(path)
+
+
+def prior_cost() -> CostFn:
+    """The cost curve assumed until the engine has measured its own: the shipped file's (a forward
+    of n tokens over a 1-token step)."""
+    ratio = shipped_scorer_data()["cost prior"]["ratio"]
+    return interpolated(sorted((int(n), float(r)) for n, r in ratio.items()))
+
+
+@dataclass(frozen=True)
+class CopyOptions:
+    """--method copy's knobs, checked when built (before any model loads): the scorer file is read."""
+
+    scorer: str | None = None  # a `specdec replay --fit` file; None: the one that ships
+    corpus_tokens: int = DEFAULT_CORPUS_TOKENS  # earlier prompts and answers searched, per tenant (0: none)
+    # A `specdec costs` file: fixed costs, so a seeded sampled run drafts, hence draws, the same every
+    # time. None: the engine's measured costs (draft lengths then follow the machine's timings).
+    costs: str | None = None
+
+    def __post_init__(self) -> None:
+        CopyCorpus(self.corpus_tokens)  # checks the size
+        if self.scorer is not None:
+            load_scorer(self.scorer)  # a clear error now, not after loading a model
+        if self.costs is not None:
+            cost_ratios(self.costs)
+
+    def new_step_costs(self) -> StepCosts:
+        if self.costs is None:
+            return StepCosts()
+        return StepCosts(interpolated(cost_ratios(self.costs)[0]), measured=False)
+
+    def new_tenant_corpora(self) -> TenantCopyCorpora:
+        return TenantCopyCorpora(self.corpus_tokens)
+
+
+class StepCosts:
+    """Verification cost over a 1-token step, by tokens in the forward: the engine's own medians
+    (planning/costs.RecentTimes, fed one-row steps by engine/step.py's record_step_costs) once
+    forwards of two sizes were measured, the prior before; measured=False: the prior always (a
+    fixed table). One per engine: every row shares it."""
+
+    def __init__(self, prior: CostFn | None = None, window: int = 64, measured: bool = True) -> None:
+        self.prior = prior or prior_cost()
+        self.times = RecentTimes(window)
+        self.measured = measured
+
+    def record(self, tokens: int, seconds: float) -> None:
+        if self.measured:
+            self.times.add(tokens, seconds)
+
+    def cost(self, tokens: int) -> float:
+        sizes = {x for x, _ in self.times.samples}
+        seconds = self.times.predictor() if len(sizes) >= 2 else None
+        if seconds is None or seconds(1) <= 0:
+            return self.prior(tokens)
+        return max(seconds(tokens) / seconds(1), 1.0)
+
+
+class CopyCorpus:
+    """Earlier requests' prompts and answers, newest last, at most max_tokens of them (the oldest
+    texts are dropped), joined by SEPARATORs for copy_candidates.step_candidates."""
+
+    def __init__(self, max_tokens: int = DEFAULT_CORPUS_TOKENS) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"the copy corpus size must be an integer >= 0 tokens, got {max_tokens!r}")
+        self.max_tokens = max_tokens
+        self._texts: deque[tuple[np.ndarray, int]] = deque()  # (tokens, source: 2 prompt, 3 answer)
+        self._size = 0
+        self._joined: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def add(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        for text, source in ((prompt_ids, 2), (output_ids, 3)):
+            tokens = np.asarray(text, np.int64)[-self.max_tokens:] if self.max_tokens else np.zeros(0, np.int64)
+            if len(tokens):
+                self._texts.append((tokens, source))
+                self._size += len(tokens) + 1
+        while self._texts and self._size > self.max_tokens + len(self._texts):
+            tokens, _ = self._texts.popleft()
+            self._size -= len(tokens) + 1
+        self._joined = None
+
+    def clear(self) -> None:
+        self._texts.clear()
+        self._size = 0
+        self._joined = None
+
+    def joined(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(tokens, source of each): the texts, each followed by a SEPARATOR; (None, None) when empty."""
+        if not self._texts:
+            return None, None
+        if self._joined is None:
+            self._joined = (np.concatenate([np.append(t, SEPARATOR) for t, _ in self._texts]),
+                            np.concatenate([np.full(len(t) + 1, s) for t, s in self._texts]))
+        return self._joined
+
+
+class TenantCopyCorpora:
+    """One CopyCorpus per tenant (docs/security.md: a request copies from its own tenant's earlier
+    text only); the MAX_TENANTS most recently used are kept."""
+
+    MAX_TENANTS = 64
+
+    def __init__(self, max_tokens: int = DEFAULT_CORPUS_TOKENS) -> None:
+        CopyCorpus(max_tokens)  # checks the size
+        self.max_tokens = max_tokens
+        self._corpora: OrderedDict[str | None, CopyCorpus] = OrderedDict()
+
+    def for_tenant(self, tenant: str | None) -> CopyCorpus:
+        corpus = self._corpora.pop(tenant, None)
+        if corpus is None:
+            corpus = CopyCorpus(self.max_tokens)
+        self._corpora[tenant] = corpus  # most recent last
+        while len(self._corpora) > self.MAX_TENANTS:
+            self._corpora.popitem(last=False)
+        return corpus
+
+    def clear(self) -> None:
+        self._corpora.clear()
+
+
+class ScoredCopyProposer(Proposer):
+    """Scored copying as a Proposer (one request at a time).
+
+    >>> proposer = ScoredCopyProposer()                      # the shipped scorer, a corpus of its own
+    >>> engine = SpecEngine(target_runner, proposer, tokenizer, k="auto")
+
+    The engine feeds step_costs its one-row verification times; end_request adds the finished
+    request's prompt and answer to the corpus (its tenant's, start_tenant).
+    """
+
+    sizes_own_drafts = True
+
+    def __init__(self, scorer: LogisticScorer | None = None, corpus: CopyCorpus | TenantCopyCorpora | None = None,
+                 step_costs: StepCosts | None = None, depth: int = DEFAULT_DEPTH, most: int = DEFAULT_MOST) -> None:
+        self.scorer = scorer or load_scorer()
+        self.corpora = corpus if isinstance(corpus, TenantCopyCorpora) else None
+        self.corpus = corpus if isinstance(corpus, CopyCorpus) else (
+            CopyCorpus() if corpus is None else corpus.for_tenant(None))
+        self.step_costs = step_costs or StepCosts()
+        self.depth, self.most = depth, most
+        self.reset()
+
+    def start_tenant(self, tenant: str | None) -> None:
+        if self.corpora is not None:
+            self.corpus = self.corpora.for_tenant(tenant)
+
+    def reset(self) -> None:
+        self._tokens = np.zeros(256, np.int64)
+        self._length = 0
+        self._prompt_len: int | None = None
+
+    def end_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+        self.corpus.add(prompt_ids, output_ids)
+
+    def forget_earlier_requests(self) -> None:
+        self.corpus.clear()
+        if self.corpora is not None:
+            self.corpora.clear()
+            self.corpus = self.corpora.for_tenant(None)
+        self.reset()
+
+    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        device = ctx.token_ids.device
+        self._catch_up(ctx.token_ids)
+        if max_k < 1 or self._length < 2:
+            return DraftProposal.empty(1, device)
+        context = self._tokens[:self._length]
+        earlier, earlier_source = self.corpus.joined()
+        step = step_candidates(self._length - self._prompt_len, context, self._prompt_len, earlier, earlier_source,
+                               max_k, self.depth, self.most)
+        if step is None:
+            return DraftProposal.empty(1, device)
+        x, _, _ = hazard_rows(step, max_k)
+        candidate, drafted, _ = choose_draft(step, self.scorer.probability(x), self.step_costs.cost, max_k)
+        if not drafted:
+            return DraftProposal.empty(1, device)
+        return DraftProposal.of_row(step.tokens[candidate, :drafted].tolist(), None, device)  # a point-mass chain
+
+    def _catch_up(self, token_ids: torch.Tensor) -> None:
+        new = committed_since(self._tokens[:self._length], token_ids)
+        if new is None:  # another request
+            self.reset()
+            new = token_ids[0].tolist()
+        if self._prompt_len is None:  # the first look at a request: its prompt and the prefill's token
+            self._prompt_len = max(len(new) - 1, 0)
+        if self._length + len(new) > len(self._tokens):
+            grown = np.zeros(2 * (self._length + len(new)), np.int64)
+            grown[:self._length] = self._tokens[:self._length]
+            self._tokens = grown
+        self._tokens[self._length:self._length + len(new)] = new
+        self._length += len(new)

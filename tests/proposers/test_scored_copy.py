@@ -1,0 +1,166 @@
+"""Scored copying (--method copy): the choice, its costs, its corpus, its scorer file, and greedy
+output that is plain decoding's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_model, make_native
+from specdec.engine import SpecEngine
+from specdec.proposers.base import ProposeContext
+from specdec.proposers.copy_candidates import (HAZARD_FEATURES, LogisticScorer, choose_draft, hazard_rows,
+                                               step_candidates)
+from specdec.proposers.registry import build_proposer
+from specdec.proposers.scored_copy import (CopyCorpus, CopyOptions, ScoredCopyProposer, StepCosts, TenantCopyCorpora,
+                                           load_scorer, shipped_scorer_data)
+from specdec.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ["abc abc abc abc, abc abc", "the quick brown fox jumps over the quick brown fox", "one two three"]
+
+
+def constant(hazard: float) -> LogisticScorer:
+    """A scorer whose every drafted token is accepted with probability `hazard`."""
+    n = len(HAZARD_FEATURES)
+    return LogisticScorer(np.zeros(n), np.ones(n), np.zeros(n), float(np.log(hazard / (1 - hazard))))
+
+
+def propose(proposer, tokens, max_k=8):
+    proposal = proposer.propose(ProposeContext(torch.tensor([tokens]), GREEDY, None, 100), max_k)
+    return proposal.token_ids[0, :int(proposal.num_tokens[0])].tolist()
+
+
+def test_the_cost_curve_decides_how_far_to_draft():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1]  # "1" occurred once: its continuation is 2..11
+    flat = ScoredCopyProposer(constant(0.9), CopyCorpus(0), StepCosts(lambda n: 1.0, measured=False))
+    assert propose(flat, tokens) == [2, 3, 4, 5, 6, 7, 8, 9]  # free tokens: draft all k
+    steep = ScoredCopyProposer(constant(0.9), CopyCorpus(0), StepCosts(lambda n: float(n), measured=False))
+    assert propose(steep, tokens) == []  # a token costs a step: (1 + 0.9) / 2 < 1, plain decoding wins
+    middle = ScoredCopyProposer(constant(0.9), CopyCorpus(0), StepCosts(lambda n: 1 + 0.3 * (n - 1), measured=False))
+    assert 1 <= len(propose(middle, tokens)) < 8
+
+
+def test_choose_draft_is_the_best_rate_over_every_candidate_and_length():
+    rng = np.random.default_rng(0)
+    cost = lambda n: 1 + 0.15 * (n - 1) ** 1.2
+    checked = 0
+    for trial in range(40):
+        context = rng.integers(0, 5, 80)
+        step = step_candidates(0, context, 40, None, None, k=6)
+        if step is None:
+            continue
+        x, candidate, depth = hazard_rows(step, 6)
+        hazard = rng.random(len(x))
+        best = (-1, 0, 1 / cost(1))
+        for c in range(len(step)):
+            survive, expected = 1.0, 0.0
+            for row in np.flatnonzero(candidate == c):
+                survive *= hazard[row]
+                expected += survive
+                rate = (1 + expected) / cost(1 + depth[row])
+                if rate > best[2]:
+                    best = (c, int(depth[row]), rate)
+        chosen = choose_draft(step, hazard, cost, 6)
+        assert chosen[:2] == best[:2]
+        checked += 1
+    assert checked > 30
+
+
+def test_step_costs_follow_the_measured_times_once_two_sizes_are_seen():
+    costs = StepCosts(prior=lambda n: 1 + 0.5 * (n - 1))
+    assert costs.cost(5) == 3.0  # the prior
+    for _ in range(3):
+        costs.record(1, 0.010)
+    assert costs.cost(5) == 3.0  # one size measured: still the prior
+    for _ in range(3):
+        costs.record(9, 0.012)
+    assert costs.cost(9) == pytest.approx(1.2) and costs.cost(1) == 1.0
+    fixed = StepCosts(prior=lambda n: 2.0, measured=False)
+    fixed.record(1, 0.01), fixed.record(9, 0.5)
+    assert fixed.cost(9) == 2.0
+
+
+def test_earlier_requests_are_copied_from_within_a_tenant_only():
+    corpora = TenantCopyCorpora()
+    alice = ScoredCopyProposer(constant(0.9), corpora, StepCosts(lambda n: 1.0, measured=False))
+    alice.start_tenant("alice")
+    alice.end_request([50, 51], [7, 8, 9, 10, 11, 12])
+    bob = ScoredCopyProposer(constant(0.9), corpora, StepCosts(lambda n: 1.0, measured=False))
+    bob.start_tenant("bob")
+    assert propose(bob, [30, 31, 7]) == []  # alice's answer is not bob's to copy
+    alice.reset()
+    assert propose(alice, [30, 31, 7]) == [8, 9, 10, 11, 12]
+    alice.forget_earlier_requests()
+    assert propose(alice, [30, 31, 7]) == []
+
+
+def test_the_corpus_keeps_the_newest_texts_within_its_size():
+    corpus = CopyCorpus(max_tokens=8)  # tokens, separators not counted
+    corpus.add([1, 2, 3], [4, 5, 6])
+    corpus.add([7, 8], [9])
+    tokens, sources = corpus.joined()
+    assert tokens.tolist() == [4, 5, 6, -1, 7, 8, -1, 9, -1]  # the oldest text (the first prompt) dropped
+    assert sources.tolist() == [3, 3, 3, 3, 2, 2, 2, 3, 3]
+    nothing = CopyCorpus(0)
+    nothing.add([1, 2], [3])
+    assert nothing.joined() == (None, None)  # 0 tokens: each request copies from itself only
+    with pytest.raises(ValueError, match="corpus size"):
+        CopyCorpus(-1)
+
+
+def test_the_scorer_file_round_trips_and_bad_files_are_refused(tmp_path):
+    scorer = load_scorer()  # the shipped one
+    assert np.isfinite(scorer.weights).all() and len(scorer.weights) == len(HAZARD_FEATURES)
+    assert shipped_scorer_data()["steps"] > 1000  # fitted on real recorded answers, and says so
+    path = tmp_path / "scorer.json"
+    path.write_text(scorer.to_json(k=8))
+    again = LogisticScorer.load(path)
+    np.testing.assert_array_equal(again.weights, scorer.weights)
+    data = json.loads(path.read_text())
+    del data["features"]["log depth"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="log depth"):
+        LogisticScorer.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a copy scorer"):
+        CopyOptions(scorer=str(path))
+    with pytest.raises(ValueError, match="cannot read"):
+        CopyOptions(scorer=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="cannot read the cost table"):
+        CopyOptions(costs=str(tmp_path / "missing.json"))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_native(make_model(seed=0, random_bias=True))
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_greedy_output_is_plain_decodings(target, tokenizer, k):
+    plain = SpecEngine(target, None, tokenizer)
+    engine = SpecEngine(target, build_proposer("copy"), tokenizer, k=k)
+    drafted = 0
+    for prompt in PROMPTS * 2:  # the second round also copies from the first's answers
+        out = engine.generate(prompt, GREEDY, max_new_tokens=40)
+        assert out.token_ids == plain.generate(prompt, GREEDY, max_new_tokens=40).token_ids
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0
+
+
+def test_under_auto_k_it_is_asked_for_the_whole_k_and_measures_costs(target, tokenizer):
+    proposer = build_proposer("copy")
+    asked = []
+    original = proposer.propose
+
+    def recording(ctx, max_k):
+        asked.append(max_k)
+        return original(ctx, max_k)
+
+    proposer.propose = recording
+    SpecEngine(target, proposer, tokenizer, k="auto", max_k=6).generate(PROMPTS[0], GREEDY, max_new_tokens=30)
+    assert asked and set(asked) <= {6, 5, 4, 3, 2, 1} and asked[0] == 6  # no slow start, no controller's k
+    assert len(proposer.step_costs.times.samples) > 0  # the engine fed it one-row step times
