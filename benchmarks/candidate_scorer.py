@@ -9,8 +9,10 @@ other one), each half scored by the fit on the other, so every prompt has a held
 in-sample fit (on all prompts) is shown beside it. Beside them, replayed exactly
 (analysis/replay.py): ngram at k (the bench's fixed k), ngram's `-k auto` length rule
 (follow_match, at most k; the controller that moves k with measured times is not replayed),
-suffix decoding at k (the run's options), and a rule over the same candidates (the longest
-match, then the most recent, drafted in full: ngram's rule with every match length and source).
+suffix decoding at k (the run's options), a rule over the same candidates (the longest
+match, then the most recent, drafted in full: ngram's rule with every match length and source),
+and `--method copy` itself (proposers/scored_copy.py, its online calibration included) with the
+fold's held-out fit and with the scorer the package ships (fitted on all of these runs: in-sample).
 Each as a fraction of the copy ceiling's decode-only speedup, per category, under each cost table;
 "matched ceiling" is the best any candidate offers (a copy must follow a match of the tail).
 
@@ -34,6 +36,7 @@ from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cos
                                      step_time)
 from specdec.bench.harness import read_results
 from specdec.proposers.ngram import NgramProposer
+from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts, load_scorer
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 
 RUNS = ("benchmarks/results/agent-loop-zen3", "benchmarks/results/suffix/agentic-stream.jsonl",
@@ -110,10 +113,18 @@ def main() -> None:
         for header, turns, cs in runs:
             stream, cap = bool(header.get("stream")), header.get("max_new_tokens")
             options = SuffixOptions(**(header.get("suffix") or {}))
+            def live(scorer):  # --method copy as it runs (its online calibration too), at these fixed costs
+                return replay(turns, ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False)), k,
+                              stream, cap)
+
+            by_fold = {held: live(fits[held]) for held in (0, 1)}
             replayed = {
                 f"ngram k={k}": replay(turns, NgramProposer(3, 1), k, stream, cap),
                 f"ngram auto rule, k<={k}": replay(turns, NgramProposer(3, 1, follow_match=True), k, stream, cap),
                 f"suffix k={k}": replay(turns, SuffixProposer(None, options), k, stream, cap),
+                "copy (the proposer), held-out": [by_fold[fold[turn.question_id]][index]
+                                                  for index, turn in enumerate(turns)],
+                "copy (the proposer), shipped scorer": live(load_scorer()),
             }
             choosers = {
                 "longest match, most recent": lambda step, cap_: (0, min(int(step.lengths[0]), cap_)),

@@ -173,8 +173,8 @@ def test_path_features_count_agreement_and_branching_along_the_path():
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_live_proposer_drafts_what_the_offline_chooser_chooses(stream):
-    """--method copy replayed equals the analysis' walk with the same scorer and costs: the fit
-    measured offline is what runs."""
+    """--method copy replayed (without its online calibration, which the walk lacks) equals the
+    analysis' walk with the same scorer and costs: the fit measured offline is what runs."""
     from specdec.analysis.replay import replay
     from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
 
@@ -183,7 +183,8 @@ def test_the_live_proposer_drafts_what_the_offline_chooser_chooses(stream):
     k, cost = 6, (lambda rows: 1.0 + 0.12 * (rows - 1))
     found = cand.collect(turns, k, stream)
     scorer = cand.fit_logistic(*cand.training_set(found, k))
-    live = replay(turns, ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False)), k, stream)
+    proposer = ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False), calibrate=False)
+    live = replay(turns, proposer, k, stream)
     for tc, steps in zip(found, live):
         walked = cand.walk(tc, cand.scored_chooser(scorer, cost), k)
         assert walked.accepted == steps.accepted and walked.drafted == steps.drafted

@@ -164,3 +164,39 @@ def test_under_auto_k_it_is_asked_for_the_whole_k_and_measures_costs(target, tok
     SpecEngine(target, proposer, tokenizer, k="auto", max_k=6).generate(PROMPTS[0], GREEDY, max_new_tokens=30)
     assert asked and set(asked) <= {6, 5, 4, 3, 2, 1} and asked[0] == 6  # no slow start, no controller's k
     assert len(proposer.step_costs.times.samples) > 0  # the engine fed it one-row step times
+
+
+def test_the_calibration_learns_a_requests_own_intercept():
+    from specdec.proposers.scored_copy import Calibration
+
+    failing, holding = Calibration(), Calibration()
+    for _ in range(10):
+        failing.drafted(np.array([2.0, 2.0, 2.0]))  # the score says 0.88 each; the first is rejected
+        failing.verified(0)
+        holding.drafted(np.array([-1.0, -1.0, -1.0]))  # the score says 0.27 each; all are accepted
+        holding.verified(3)
+    assert failing.offset < -1.5 and holding.offset > 1.0
+    before = failing.offset
+    failing.idle()  # a step without a draft teaches nothing: back towards the score
+    assert before < failing.offset < 0
+    failing.verified(2)  # no draft pending: nothing to learn
+    assert failing.offset == pytest.approx(before * failing.relax)
+    failing.reset()
+    assert failing.offset == 0.0
+
+
+def test_a_request_whose_copies_fail_drafts_less():
+    """A scorer that believes every copy (0.95) on text where each one fails: the calibration halves
+    the drafts within a dozen steps, where the raw score keeps drafting all k."""
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]
+    lengths = {}
+    for calibrate in (True, False):
+        proposer = ScoredCopyProposer(constant(0.95), CopyCorpus(0), StepCosts(lambda n: 1 + 0.1 * (n - 1),
+                                                                                measured=False), calibrate=calibrate)
+        lengths[calibrate] = []
+        for step in range(12):
+            lengths[calibrate].append(len(propose(proposer, tokens)))
+            proposer.on_verified(torch.tensor([0]))
+    assert lengths[False] == [8] * 12
+    assert lengths[True][0] == 8 and lengths[True][-1] <= 4
+    assert all(a >= b for a, b in zip(lengths[True], lengths[True][1:]))

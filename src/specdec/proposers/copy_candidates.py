@@ -189,6 +189,10 @@ def hazard_rows(step: StepCandidates, k: int) -> tuple[np.ndarray, np.ndarray, n
     return x[valid], candidate, at + 1
 
 
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+
+
 @dataclass(frozen=True)
 class LogisticScorer:
     """P(y = 1 | x) = sigmoid(bias + ((x - mean) / scale) . weights), over HAZARD_FEATURES."""
@@ -198,9 +202,11 @@ class LogisticScorer:
     weights: np.ndarray
     bias: float
 
+    def logit(self, x: np.ndarray) -> np.ndarray:
+        return self.bias + ((x - self.mean) / self.scale) @ self.weights
+
     def probability(self, x: np.ndarray) -> np.ndarray:
-        z = self.bias + ((x - self.mean) / self.scale) @ self.weights
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -40, 40)))
+        return sigmoid(self.logit(x))
 
     def to_json(self, **about) -> str:
         """The scorer as data (what ships in the package, what `specdec replay --fit` writes), with

@@ -17,6 +17,8 @@ one, or the wrong length (docs/architecture.md, "Scored copying"). Here the choi
                (1 + expected accepted) / cost(1 + drafted), or no draft. cost is StepCosts: the
                engine's measured verification times (one-row steps), a prior curve until two
                forward sizes are measured.
+  calibration  Calibration: the request's own intercept on the score's logit, fitted online from its
+               verified drafts (the score was fitted on other text).
 
 Drafts are point masses (probs None), chains: verification is the engine's exact rule, so greedy
 output is plain greedy output and sampled output has the target's distribution. The proposer
@@ -39,7 +41,7 @@ import torch
 from specdec.planning.costs import RecentTimes, cost_ratios, interpolated
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
-                                               choose_draft, hazard_rows, step_candidates)
+                                               choose_draft, hazard_rows, sigmoid, step_candidates)
 
 DEFAULT_CORPUS_TOKENS = 65_536  # earlier prompts and answers searched per tenant: a scan costs ~0.1 ms per 64k
 _SHIPPED = "copy_scorer.json"
@@ -178,6 +180,47 @@ class TenantCopyCorpora:
         self._corpora.clear()
 
 
+class Calibration:
+    """A request's own intercept on the scorer's logit, fitted online: the shipped score was fitted
+    on other text, and a request whose copies keep failing (free prose, arithmetic) or keep holding
+    (an edit of a file) says so within a few steps. A random intercept of the logistic model, its
+    maximum a posteriori estimate under a N(0, 1 / prior) prior by Newton's method over the last
+    `window` verified drafted tokens (y = 1 accepted, 0 the first rejected; later ones were never
+    judged). A step that drafts nothing teaches nothing, so the intercept relaxes towards 0 by
+    `relax` at each one, and a request that stopped drafting tries again."""
+
+    def __init__(self, window: int = 256, prior: float = 4.0, relax: float = 0.95) -> None:
+        self.window, self.prior, self.relax = window, prior, relax
+        self.reset()
+
+    def reset(self) -> None:
+        self.offset = 0.0
+        self._rows: deque[tuple[float, float]] = deque(maxlen=self.window)
+        self._pending: np.ndarray | None = None  # the drafted tokens' logits, until verified
+
+    def drafted(self, logits: np.ndarray) -> None:
+        """The scorer's logits (without the intercept) of the tokens just drafted."""
+        self._pending = logits
+
+    def idle(self) -> None:
+        """A step that drafted nothing."""
+        self._pending = None
+        self.offset *= self.relax
+
+    def verified(self, accepted: int) -> None:
+        if self._pending is None:
+            return
+        judged = self._pending[:accepted + 1]  # the accepted ones, then the first rejected (if any)
+        self._rows.extend((float(z), float(i < accepted)) for i, z in enumerate(judged))
+        self._pending = None
+        z, y = np.array(self._rows).T
+        offset = self.offset
+        for _ in range(3):
+            p = sigmoid(z + offset)
+            offset += (np.sum(y - p) - self.prior * offset) / (np.sum(p * (1 - p)) + self.prior)
+        self.offset = float(offset)
+
+
 class ScoredCopyProposer(Proposer):
     """Scored copying as a Proposer (one request at a time).
 
@@ -191,13 +234,15 @@ class ScoredCopyProposer(Proposer):
     sizes_own_drafts = True
 
     def __init__(self, scorer: LogisticScorer | None = None, corpus: CopyCorpus | TenantCopyCorpora | None = None,
-                 step_costs: StepCosts | None = None, depth: int = DEFAULT_DEPTH, most: int = DEFAULT_MOST) -> None:
+                 step_costs: StepCosts | None = None, depth: int = DEFAULT_DEPTH, most: int = DEFAULT_MOST,
+                 calibrate: bool = True) -> None:
         self.scorer = scorer or load_scorer()
         self.corpora = corpus if isinstance(corpus, TenantCopyCorpora) else None
         self.corpus = corpus if isinstance(corpus, CopyCorpus) else (
             CopyCorpus() if corpus is None else corpus.for_tenant(None))
         self.step_costs = step_costs or StepCosts()
         self.depth, self.most = depth, most
+        self.calibration = Calibration() if calibrate else None
         self.reset()
 
     def start_tenant(self, tenant: str | None) -> None:
@@ -208,6 +253,8 @@ class ScoredCopyProposer(Proposer):
         self._tokens = np.zeros(256, np.int64)
         self._length = 0
         self._prompt_len: int | None = None
+        if self.calibration is not None:
+            self.calibration.reset()
 
     def end_request(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
         self.corpus.add(prompt_ids, output_ids)
@@ -223,18 +270,31 @@ class ScoredCopyProposer(Proposer):
         device = ctx.token_ids.device
         self._catch_up(ctx.token_ids)
         if max_k < 1 or self._length < 2:
-            return DraftProposal.empty(1, device)
+            return self._nothing(device)
         context = self._tokens[:self._length]
         earlier, earlier_source = self.corpus.joined()
         step = step_candidates(self._length - self._prompt_len, context, self._prompt_len, earlier, earlier_source,
                                max_k, self.depth, self.most)
         if step is None:
-            return DraftProposal.empty(1, device)
-        x, _, _ = hazard_rows(step, max_k)
-        candidate, drafted, _ = choose_draft(step, self.scorer.probability(x), self.step_costs.cost, max_k)
+            return self._nothing(device)
+        x, rows_candidate, _ = hazard_rows(step, max_k)
+        logits = self.scorer.logit(x)
+        offset = self.calibration.offset if self.calibration is not None else 0.0
+        candidate, drafted, _ = choose_draft(step, sigmoid(logits + offset), self.step_costs.cost, max_k)
         if not drafted:
-            return DraftProposal.empty(1, device)
+            return self._nothing(device)
+        if self.calibration is not None:
+            self.calibration.drafted(logits[rows_candidate == candidate][:drafted])
         return DraftProposal.of_row(step.tokens[candidate, :drafted].tolist(), None, device)  # a point-mass chain
+
+    def _nothing(self, device) -> DraftProposal:
+        if self.calibration is not None:
+            self.calibration.idle()
+        return DraftProposal.empty(1, device)
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        if self.calibration is not None:
+            self.calibration.verified(int(num_accepted[0]))
 
     def _catch_up(self, token_ids: torch.Tensor) -> None:
         new = committed_since(self._tokens[:self._length], token_ids)
