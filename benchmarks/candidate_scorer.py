@@ -12,14 +12,15 @@ in-sample fit (on all prompts) is shown beside it. Beside them, replayed exactly
 suffix decoding at k (the run's options), a rule over the same candidates (the longest
 match, then the most recent, drafted in full: ngram's rule with every match length and source),
 and `--method copy` itself (proposers/scored_copy.py, its online calibration included) with the
-fold's held-out fit and with the scorer the package ships (fitted on all of these runs: in-sample).
+fold's held-out fit and with the scorer the package ships (fitted on all of these runs: in-sample),
+and with --copy-trees (held-out): trees of the diverging candidates, sized by the cost table.
 Each as a fraction of the copy ceiling's decode-only speedup, per category, under each cost table;
 "matched ceiling" is the best any candidate offers (a copy must follow a match of the tail).
 
     python benchmarks/candidate_scorer.py \\
         --costs fast=benchmarks/results/draft-oracle-zen4/verify_cost_with_draft.json \\
         --costs slow=benchmarks/results/draft-oracle-zen4/verify_cost_with_draft_slow.json \\
-        --out benchmarks/results/candidates
+        --costs flat=flat --out benchmarks/results/candidates
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.analysis import candidates as cand
-from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cost_table, recorded_turns, replay,
-                                     step_time)
+from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cost_table, flat_cost, recorded_turns,
+                                     replay, step_time)
 from specdec.bench.harness import read_results
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts, load_scorer
@@ -61,7 +62,8 @@ def folds(runs) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", default=",".join(RUNS))
-    parser.add_argument("--costs", action="append", required=True, help="NAME=verify_cost.json (repeatable)")
+    parser.add_argument("--costs", action="append", required=True,
+                        help="NAME=verify_cost.json, or NAME=flat: every forward one step, roughly a GPU (repeatable)")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--tree-depth", type=int, default=8)
     parser.add_argument("--out", default=None)
@@ -72,7 +74,8 @@ def main() -> None:
                              "has measured its own)")
     args = parser.parse_args()
     k = args.k
-    tables = {name: cost_table(path)[0] for name, path in (c.split("=", 1) for c in args.costs)}
+    tables = {name: flat_cost if path == "flat" else cost_table(path)[0]
+              for name, path in (c.split("=", 1) for c in args.costs)}
 
     runs = []
     started = time.time()
@@ -113,11 +116,12 @@ def main() -> None:
         for header, turns, cs in runs:
             stream, cap = bool(header.get("stream")), header.get("max_new_tokens")
             options = SuffixOptions(**(header.get("suffix") or {}))
-            def live(scorer):  # --method copy as it runs (its online calibration too), at these fixed costs
-                return replay(turns, ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False)), k,
-                              stream, cap)
+            def live(scorer, trees=False):  # --method copy as it runs (its calibration too), at these fixed costs
+                proposer = ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False), trees=trees)
+                return replay(turns, proposer, k, stream, cap)
 
             by_fold = {held: live(fits[held]) for held in (0, 1)}
+            trees_by_fold = {held: live(fits[held], trees=True) for held in (0, 1)}
             replayed = {
                 f"ngram k={k}": replay(turns, NgramProposer(3, 1), k, stream, cap),
                 f"ngram auto rule, k<={k}": replay(turns, NgramProposer(3, 1, follow_match=True), k, stream, cap),
@@ -125,6 +129,8 @@ def main() -> None:
                 "copy (the proposer), held-out": [by_fold[fold[turn.question_id]][index]
                                                   for index, turn in enumerate(turns)],
                 "copy (the proposer), shipped scorer": live(load_scorer()),
+                "copy --copy-trees, held-out": [trees_by_fold[fold[turn.question_id]][index]
+                                                for index, turn in enumerate(turns)],
             }
             choosers = {
                 "longest match, most recent": lambda step, cap_: (0, min(int(step.lengths[0]), cap_)),

@@ -258,6 +258,10 @@ def add_ngram_args(parser: argparse.ArgumentParser) -> None:
     copy.add_argument("--copy-costs", default=None, metavar="FILE",
                       help="choose draft lengths by this `specdec costs` table instead of the engine's measured "
                            "step times: a seeded sampled run then drafts, hence draws, the same every time")
+    copy.add_argument("--copy-trees", action="store_true",
+                      help="verify a tree of the candidates that diverge after a shared prefix, as large as the "
+                           "cost curve pays for (native backend); pays where many tokens verify for about one's "
+                           "cost (a GPU), barely on a CPU (benchmarks/RESULTS.md, \"Trees of copies\")")
     lookahead = parser.add_argument_group("lookahead decoding (--method lookahead)")
     lookahead.add_argument("--lookahead-window", type=positive_int, default=4, metavar="W",
                            help="columns of the Jacobi window the target guesses ahead on (default: 4)")
@@ -295,7 +299,7 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
             ("spec_factor", "spec_factor", SuffixOptions.spec_factor),
             ("min_token_prob", "min_prob", SuffixOptions.min_token_prob))}),
         copy=CopyOptions(option("copy_scorer"), option("copy_corpus_tokens", DEFAULT_CORPUS_TOKENS),
-                         option("copy_costs")),
+                         option("copy_costs"), option("copy_trees", False)),
         lookahead=LookaheadOptions(option("lookahead_window", LookaheadOptions.window),
                                    option("lookahead_ngram", LookaheadOptions.ngram),
                                    option("lookahead_guesses", LookaheadOptions.guesses)),

@@ -200,3 +200,51 @@ def test_a_request_whose_copies_fail_drafts_less():
     assert lengths[False] == [8] * 12
     assert lengths[True][0] == 8 and lengths[True][-1] <= 4
     assert all(a >= b for a, b in zip(lengths[True], lengths[True][1:]))
+
+
+def test_a_tree_holds_both_continuations_where_verification_is_cheap():
+    from specdec.proposers.copy_candidates import choose_tree
+
+    # "5" was followed once by 6 7 8 and once by 6 9 4: a shared first token, then two branches.
+    context = np.array([1, 5, 6, 7, 8, 2, 5, 6, 9, 4, 3, 5])
+    step = step_candidates(0, context, 12, None, None, k=3)
+    x, _, _ = hazard_rows(step, 3)
+    hazard = np.full(len(x), 0.7)
+    tokens, parents, expected = choose_tree(step, hazard, lambda n: 1.0, 3)
+    paths = set()
+    for node in range(len(tokens)):
+        path, at = [], node
+        while at >= 0:
+            assert parents[at] < at  # topological: a parent comes first
+            path.insert(0, tokens[at])
+            at = parents[at]
+        paths.add(tuple(path))
+    assert {(6, 7, 8), (6, 9, 4)} <= paths and len(tokens) == 5  # the shared 6 is one node
+    assert expected == pytest.approx(0.7 + 0.49 * 2 + 0.343 * 2)
+    # Where every token costs a step, no tree (and no draft) pays.
+    assert choose_tree(step, hazard, lambda n: float(n), 3) == ([], [], 0.0)
+
+
+def test_tree_drafts_keep_greedy_output_plain(target, tokenizer):
+    plain = SpecEngine(target, None, tokenizer)
+    prompt = PROMPTS[1]
+    answer = plain.generate(prompt, GREEDY, max_new_tokens=40).token_ids
+    # Earlier requests wrote the answer's start, once going on as it does, once differently: the
+    # candidates after that start diverge, and the tree holds both.
+    corpus = CopyCorpus()
+    corpus.add([], answer[:24])
+    corpus.add([], answer[:6] + [(t + 1) % 100 for t in answer[6:16]])
+    proposer = ScoredCopyProposer(constant(0.6), corpus, StepCosts(lambda n: 1.0, measured=False), trees=True)
+    shapes = []
+    original = proposer.propose
+
+    def recording(ctx, max_k):
+        proposal = original(ctx, max_k)
+        shapes.append(proposal.tree())
+        return proposal
+
+    proposer.propose = recording
+    out = SpecEngine(target, proposer, tokenizer, k=6).generate(prompt, GREEDY, max_new_tokens=40)
+    assert out.token_ids == answer
+    assert any(tree is not None for tree in shapes)  # some steps verified a branching tree
+    assert out.stats.accepted_tokens >= 10

@@ -259,3 +259,36 @@ def choose_draft(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int)
     if not rate.flat[best] > 1.0 / cost(1):
         return -1, 0, 0.0
     return candidate, drafted + 1, float(expected[candidate, drafted])
+
+
+def choose_tree(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int,
+                max_nodes: int = 64) -> tuple[list[int], list[int], float]:
+    """(tokens, parents, expected accepted): a tree of copies, when candidates diverge after a shared
+    prefix (issue 60, item 2). Every prefix of a candidate (at most k deep) is a node; its chance of
+    being accepted is estimated as the highest survival, prod_{l<=i} h_l, of the candidates through
+    it, so a parent never scores below its child. As EAGLE-2 grows its tree (Li et al. 2024, arXiv
+    2406.16858), nodes are taken best first (parents before children), and the tree's size N is the
+    one maximising (1 + sum of the first N nodes' chances) / cost(1 + N), N = 0 (no draft) included:
+    a branch joins only where the machine's cost curve pays for it. parents: -1 = the root."""
+    n, width = len(step), min(k, step.tokens.shape[1])
+    depth = np.arange(1, width + 1)
+    valid = depth[None, :] <= step.lengths[:, None]
+    grid = np.zeros((n, width))
+    grid[valid] = hazard
+    survive = np.cumprod(grid, axis=1)
+    chance: dict[tuple[int, ...], float] = {}
+    for c in range(n):
+        row = step.tokens[c].tolist()
+        for i in range(int(min(step.lengths[c], width))):
+            key = tuple(row[:i + 1])
+            chance[key] = max(chance.get(key, 0.0), float(survive[c, i]))
+    order = sorted(chance, key=lambda key: (-chance[key], len(key)))[:max_nodes]
+    gains = np.cumsum([chance[key] for key in order])
+    rates = (1.0 + gains) / np.array([cost(2 + i) for i in range(len(order))])
+    if not len(order) or not rates.max() > 1.0 / cost(1):
+        return [], [], 0.0
+    size = int(np.argmax(rates)) + 1
+    index = {key: i for i, key in enumerate(order[:size])}
+    tokens = [key[-1] for key in order[:size]]
+    parents = [index[key[:-1]] if len(key) > 1 else -1 for key in order[:size]]
+    return tokens, parents, float(gains[size - 1])

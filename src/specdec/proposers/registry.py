@@ -149,7 +149,7 @@ def build_proposer(
     if method == "copy":  # one scorer, one cost curve and one corpus per tenant, shared by the rows
         options = copy or CopyOptions()
         scorer, costs, corpora = load_scorer(options.scorer), options.new_step_costs(), options.new_tenant_corpora()
-        return per_row(lambda: ScoredCopyProposer(scorer, corpora, costs))
+        return per_row(lambda: ScoredCopyProposer(scorer, corpora, costs, trees=options.trees))
     if head_kind(method) is not None:
         size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
         if size == "auto" and slots > 1:

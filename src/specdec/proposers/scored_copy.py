@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from specdec.planning.costs import RecentTimes, cost_ratios, interpolated
-from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
-                                               choose_draft, hazard_rows, sigmoid, step_candidates)
+                                               choose_draft, choose_tree, hazard_rows, sigmoid, step_candidates)
 
 DEFAULT_CORPUS_TOKENS = 65_536  # earlier prompts and answers searched per tenant: a scan costs ~0.1 ms per 64k
 _SHIPPED = "copy_scorer.json"
@@ -75,6 +75,10 @@ class CopyOptions:
     # A `specdec costs` file: fixed costs, so a seeded sampled run drafts, hence draws, the same every
     # time. None: the engine's measured costs (draft lengths then follow the machine's timings).
     costs: str | None = None
+    # Trees of diverging candidates where the cost curve pays (native backend): on a GPU-like flat curve
+    # they add 0.07-0.17 of the copy ceiling on replay, on the Zen 4's CPU curves under 0.01
+    # (benchmarks/RESULTS.md, "Trees of copies").
+    trees: bool = False
 
     def __post_init__(self) -> None:
         CopyCorpus(self.corpus_tokens)  # checks the size
@@ -235,13 +239,15 @@ class ScoredCopyProposer(Proposer):
 
     def __init__(self, scorer: LogisticScorer | None = None, corpus: CopyCorpus | TenantCopyCorpora | None = None,
                  step_costs: StepCosts | None = None, depth: int = DEFAULT_DEPTH, most: int = DEFAULT_MOST,
-                 calibrate: bool = True) -> None:
+                 calibrate: bool = True, trees: bool = False) -> None:
+        """trees: draft a tree of the diverging candidates where the cost curve pays for it
+        (copy_candidates.choose_tree) instead of one candidate's chain."""
         self.scorer = scorer or load_scorer()
         self.corpora = corpus if isinstance(corpus, TenantCopyCorpora) else None
         self.corpus = corpus if isinstance(corpus, CopyCorpus) else (
             CopyCorpus() if corpus is None else corpus.for_tenant(None))
         self.step_costs = step_costs or StepCosts()
-        self.depth, self.most = depth, most
+        self.depth, self.most, self.trees = depth, most, trees
         self.calibration = Calibration() if calibrate else None
         self.reset()
 
@@ -280,11 +286,16 @@ class ScoredCopyProposer(Proposer):
         x, rows_candidate, _ = hazard_rows(step, max_k)
         logits = self.scorer.logit(x)
         offset = self.calibration.offset if self.calibration is not None else 0.0
-        candidate, drafted, _ = choose_draft(step, sigmoid(logits + offset), self.step_costs.cost, max_k)
+        hazard = sigmoid(logits + offset)
+        candidate, drafted, _ = choose_draft(step, hazard, self.step_costs.cost, max_k)
         if not drafted:
             return self._nothing(device)
-        if self.calibration is not None:
+        if self.calibration is not None:  # (a tree's: judged along this best chain, the tree's main path)
             self.calibration.drafted(logits[rows_candidate == candidate][:drafted])
+        if self.trees:
+            tokens, parents, _ = choose_tree(step, hazard, self.step_costs.cost, max_k)
+            if tokens:
+                return DraftProposal.of_row(tokens, chain_or_tree(parents), device)
         return DraftProposal.of_row(step.tokens[candidate, :drafted].tolist(), None, device)  # a point-mass chain
 
     def _nothing(self, device) -> DraftProposal:
