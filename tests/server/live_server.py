@@ -11,6 +11,7 @@ import uvicorn
 
 from conftest import CHAT_TEMPLATE, make_model, make_native, make_tokenizer
 from specdec.config import SpecConfig
+from specdec.proposers.scored_copy import CopyOptions
 from specdec.server import build_server
 
 MODEL_NAME = "tiny"
@@ -23,13 +24,13 @@ def chat_tokenizer():
 
 
 def tiny_app(*, method: str = "draft", k: int = 3, slots: int = 4, max_queue: int = 8, max_context: int = 4096,
-             prefill_chunk: int | None = 16, **options):
+             prefill_chunk: int | None = 16, copy: CopyOptions | None = None, **options):
     """Target and draft write text (no random biases); RoPE lets them run past their nominal 256 positions.
     Prompts are prefilled 16 tokens per step (chunked prefill), so every server test also checks that
     chunking changes no output."""
     target = make_native(make_model(seed=0), max_context=max_context)
     draft = make_native(make_model(seed=1, layers=1), max_context=max_context)
-    return build_server(target, chat_tokenizer(), name=MODEL_NAME, config=SpecConfig(method=method, k=k),
+    return build_server(target, chat_tokenizer(), name=MODEL_NAME, config=SpecConfig(method=method, k=k, copy=copy or CopyOptions()),
                         draft_runner=draft,
                         slots=slots, max_queue=max_queue, max_context=max_context, prefill_chunk=prefill_chunk,
                         **options)

@@ -4,6 +4,7 @@ NaN, an engine thread that hits an unexpected error, and two tenants' caches."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -14,6 +15,7 @@ import torch
 from conftest import CHARS, make_model, make_native
 from live_server import MODEL_NAME, chat_tokenizer, serve, tiny_app
 from specdec.config import SpecConfig
+from specdec.proposers.scored_copy import CopyOptions
 from specdec.server import ServerLimits, build_server
 
 from test_server import LONG, metrics, wait_for
@@ -218,9 +220,13 @@ def test_an_engine_that_cannot_recover_fails_every_job_and_health_says_503():
 # ---- two tenants never see each other's cached tokens ----------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix"])
-def test_two_api_keys_never_share_cached_prompts_or_suffix_outputs(method):
+@pytest.mark.parametrize("method", ["ngram", "suffix", "copy"])
+def test_two_api_keys_never_share_cached_prompts_or_suffix_outputs(method, tmp_path):
     keys = {"alice": "key-alice", "bob": "key-bob"}
+    # copy: fixed costs, so its draft lengths follow what it copies, not the machine's timings
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"results": [{"ratio": {"1": 1.0, "9": 1.4}}]}))
+    copy = CopyOptions(costs=str(costs))
     prompt = "the quick brown fox jumps over the lazy dog, " * 3
 
     def ask(base: str, who: str) -> dict:
@@ -229,7 +235,7 @@ def test_two_api_keys_never_share_cached_prompts_or_suffix_outputs(method):
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    with serve(tiny_app(method=method, k=4, slots=2, api_key=list(keys.values()))) as base:
+    with serve(tiny_app(method=method, k=4, slots=2, api_key=list(keys.values()), copy=copy)) as base:
         alice_first = ask(base, "alice")
         bob_first = ask(base, "bob")
         alice_again = ask(base, "alice")
@@ -239,10 +245,11 @@ def test_two_api_keys_never_share_cached_prompts_or_suffix_outputs(method):
     # Bob's speculation is exactly a first request's: nothing learned from alice's answer shows.
     assert bob_first["speculative"]["accepted_tokens"] == alice_first["speculative"]["accepted_tokens"]
     assert bob_first["choices"][0]["text"] == alice_first["choices"][0]["text"]
-    if method == "suffix":  # alice's own cache did learn: her second answer drafts from her first
+    if method in ("suffix", "copy"):  # alice's own cache did learn: her second answer drafts from her first
         assert alice_again["speculative"]["accepted_tokens"] > alice_first["speculative"]["accepted_tokens"]
 
-    with serve(tiny_app(method=method, k=4, slots=2, api_key=list(keys.values()), shared_cache=True)) as base:
+    with serve(tiny_app(method=method, k=4, slots=2, api_key=list(keys.values()), shared_cache=True,
+                        copy=copy)) as base:
         ask(base, "alice")
         shared = ask(base, "bob")
     assert shared["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the operator's choice: one cache
