@@ -92,8 +92,8 @@ def occurrences(text: np.ndarray, context: np.ndarray, last_start: int, depth: i
 def _continuations(text: np.ndarray, starts: np.ndarray, end: int, k: int) -> np.ndarray:
     """[len(starts), k]: text[j:j + k] for each start j, cut at `end` and at the first SEPARATOR,
     padded with SEPARATOR."""
-    padded = np.concatenate([text[:end], np.full(k, SEPARATOR, text.dtype)])
-    windows = np.lib.stride_tricks.sliding_window_view(padded, k)[starts]
+    at = starts[:, None] + np.arange(k)[None, :]  # gathered, not padded: no copy of the text per step
+    windows = np.where(at < end, text[np.minimum(at, end - 1)], SEPARATOR)
     return np.where(np.cumsum(windows == SEPARATOR, axis=1) > 0, SEPARATOR, windows)
 
 

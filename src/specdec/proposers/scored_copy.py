@@ -28,8 +28,9 @@ not second-guess the length.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -42,20 +43,28 @@ from specdec.planning.costs import RecentTimes, cost_ratios, interpolated
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
                                                choose_draft, choose_tree, hazard_rows, sigmoid, step_candidates)
+from specdec.proposers.tenants import PerTenant
 
-DEFAULT_CORPUS_TOKENS = 65_536  # earlier prompts and answers searched per tenant: a scan costs ~0.1 ms per 64k
+# Earlier prompts and answers searched per tenant: every step scans them (its time: benchmarks/RESULTS.md,
+# "Scored copying live: --method copy against ngram, suffix and llama.cpp (issue 60)").
+DEFAULT_CORPUS_TOKENS = 65_536
 _SHIPPED = "copy_scorer.json"
 
 
+@functools.cache
+def _shipped_text() -> str:
+    return resources.files("specdec.data").joinpath(_SHIPPED).read_text()
+
+
 def shipped_scorer_data() -> dict:
-    """The scorer and cost prior that ship with specdec (data/copy_scorer.json)."""
-    return json.loads(resources.files("specdec.data").joinpath(_SHIPPED).read_text())
+    """The scorer and cost prior that ship with specdec (data/copy_scorer.json; read once)."""
+    return json.loads(_shipped_text())
 
 
 def load_scorer(path: str | Path | None = None) -> LogisticScorer:
     """A scorer written by `specdec replay --fit` (None: the one that ships)."""
     if path is None:
-        return LogisticScorer.from_json(json.dumps(shipped_scorer_data()), "the shipped copy scorer")
+        return LogisticScorer.from_json(_shipped_text(), "the shipped copy scorer")
     return LogisticScorer.load(path)
 
 
@@ -75,13 +84,12 @@ class CopyOptions:
     # A `specdec costs` file: fixed costs, so a seeded sampled run drafts, hence draws, the same every
     # time. None: the engine's measured costs (draft lengths then follow the machine's timings).
     costs: str | None = None
-    # Trees of diverging candidates where the cost curve pays (native backend): on a GPU-like flat curve
-    # they add 0.07-0.17 of the copy ceiling on replay, on the Zen 4's CPU curves under 0.01
-    # (benchmarks/RESULTS.md, "Trees of copies").
+    # Trees of diverging candidates where the cost curve pays (native backend): they pay on a GPU-like
+    # flat curve, barely on a CPU's (benchmarks/RESULTS.md, "Trees of copies: where they pay (issue 60, item 2)").
     trees: bool = False
 
     def __post_init__(self) -> None:
-        CopyCorpus(self.corpus_tokens)  # checks the size
+        _check_corpus_tokens(self.corpus_tokens)
         if self.scorer is not None:
             load_scorer(self.scorer)  # a clear error now, not after loading a model
         if self.costs is not None:
@@ -106,17 +114,31 @@ class StepCosts:
         self.prior = prior or prior_cost()
         self.times = RecentTimes(window)
         self.measured = measured
+        self._curve: CostFn | None = self.prior  # the curve cost() reads, rebuilt after each record
 
     def record(self, tokens: int, seconds: float) -> None:
         if self.measured:
             self.times.add(tokens, seconds)
+            self._curve = None
 
     def cost(self, tokens: int) -> float:
-        sizes = {x for x, _ in self.times.samples}
-        seconds = self.times.predictor() if len(sizes) >= 2 else None
-        if seconds is None or seconds(1) <= 0:
-            return self.prior(tokens)
-        return max(seconds(tokens) / seconds(1), 1.0)
+        if self._curve is None:  # a choice asks for many sizes: the medians once per recorded step
+            self._curve = self._measured_curve() or self.prior
+        return self._curve(tokens)
+
+    def _measured_curve(self) -> CostFn | None:
+        if len({x for x, _ in self.times.samples}) < 2:
+            return None
+        seconds = self.times.predictor()
+        one = seconds(1)
+        if one <= 0:
+            return None
+        return lambda tokens: max(seconds(tokens) / one, 1.0)
+
+
+def _check_corpus_tokens(max_tokens: int) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ValueError(f"the copy corpus size must be an integer >= 0 tokens, got {max_tokens!r}")
 
 
 class CopyCorpus:
@@ -124,8 +146,7 @@ class CopyCorpus:
     texts are dropped), joined by SEPARATORs for copy_candidates.step_candidates."""
 
     def __init__(self, max_tokens: int = DEFAULT_CORPUS_TOKENS) -> None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise ValueError(f"the copy corpus size must be an integer >= 0 tokens, got {max_tokens!r}")
+        _check_corpus_tokens(max_tokens)
         self.max_tokens = max_tokens
         self._texts: deque[tuple[np.ndarray, int]] = deque()  # (tokens, source: 2 prompt, 3 answer)
         self._size = 0
@@ -160,28 +181,13 @@ class CopyCorpus:
         return self._joined
 
 
-class TenantCopyCorpora:
-    """One CopyCorpus per tenant (docs/security.md: a request copies from its own tenant's earlier
-    text only); the MAX_TENANTS most recently used are kept."""
-
-    MAX_TENANTS = 64
+class TenantCopyCorpora(PerTenant[CopyCorpus]):
+    """One CopyCorpus per tenant (proposers/tenants.py)."""
 
     def __init__(self, max_tokens: int = DEFAULT_CORPUS_TOKENS) -> None:
-        CopyCorpus(max_tokens)  # checks the size
+        _check_corpus_tokens(max_tokens)
+        super().__init__(lambda: CopyCorpus(max_tokens))
         self.max_tokens = max_tokens
-        self._corpora: OrderedDict[str | None, CopyCorpus] = OrderedDict()
-
-    def for_tenant(self, tenant: str | None) -> CopyCorpus:
-        corpus = self._corpora.pop(tenant, None)
-        if corpus is None:
-            corpus = CopyCorpus(self.max_tokens)
-        self._corpora[tenant] = corpus  # most recent last
-        while len(self._corpora) > self.MAX_TENANTS:
-            self._corpora.popitem(last=False)
-        return corpus
-
-    def clear(self) -> None:
-        self._corpora.clear()
 
 
 class Calibration:

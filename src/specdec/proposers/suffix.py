@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
+from specdec.proposers.tenants import PerTenant
 
 DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
 # The cache's trie is Python objects with path-compressed leaves: about 1 KB per cached output
@@ -214,28 +215,12 @@ class SuffixCache:
             self.trie.remove(self.outputs.popleft())
 
 
-class TenantSuffixCaches:
-    """One SuffixCache per tenant (server/guards.py: an API key, or a trusted header), so a request
-    drafts from its own tenant's earlier outputs only: another tenant's text would show through the
-    acceptance counts a response reports. The MAX_TENANTS most recently used are kept."""
-
-    MAX_TENANTS = 64
+class TenantSuffixCaches(PerTenant[SuffixCache]):
+    """One SuffixCache per tenant (proposers/tenants.py)."""
 
     def __init__(self, max_requests: int = DEFAULT_CACHE_REQUESTS, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        super().__init__(lambda: SuffixCache(max_requests, max_depth))
         self.max_requests, self.max_depth = max_requests, max_depth
-        self._caches: OrderedDict[str | None, SuffixCache] = OrderedDict()
-
-    def for_tenant(self, tenant: str | None) -> SuffixCache:
-        cache = self._caches.pop(tenant, None)  # (an empty SuffixCache is falsy: no `or` here)
-        if cache is None:
-            cache = SuffixCache(self.max_requests, self.max_depth)
-        self._caches[tenant] = cache  # most recent last
-        while len(self._caches) > self.MAX_TENANTS:
-            self._caches.popitem(last=False)
-        return cache
-
-    def clear(self) -> None:
-        self._caches.clear()
 
 
 @dataclass(frozen=True)
