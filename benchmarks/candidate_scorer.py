@@ -36,6 +36,7 @@ from specdec.analysis import candidates as cand
 from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cost_table, flat_cost, recorded_turns,
                                      replay, step_time)
 from specdec.bench.harness import read_results
+from specdec.planning.costs import interpolated, tree_cost_ratios
 from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts, load_scorer
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
@@ -76,6 +77,8 @@ def main() -> None:
     k = args.k
     tables = {name: flat_cost if path == "flat" else cost_table(path)[0]
               for name, path in (c.split("=", 1) for c in args.costs)}
+    tree_tables = {name: None if path == "flat" else tree_cost_ratios(path)
+                   for name, path in (c.split("=", 1) for c in args.costs)}
 
     runs = []
     started = time.time()
@@ -106,6 +109,9 @@ def main() -> None:
 
     report = {}
     for cost_name, cost in tables.items():
+        # A table that times trees prices a tree's step apart (and the proposer chooses by it).
+        trees_timed = tree_tables[cost_name]
+        pricing = StepCosts(cost, measured=False, tree_prior=trees_timed and interpolated(trees_timed))
         # per row label -> category -> Tally, over every run's turns
         totals: dict[str, dict[str, Tally]] = {}
 
@@ -117,7 +123,7 @@ def main() -> None:
             stream, cap = bool(header.get("stream")), header.get("max_new_tokens")
             options = SuffixOptions(**(header.get("suffix") or {}))
             def live(scorer, trees=False):  # --method copy as it runs (its calibration too), at these fixed costs
-                proposer = ScoredCopyProposer(scorer, step_costs=StepCosts(cost, measured=False), trees=trees)
+                proposer = ScoredCopyProposer(scorer, step_costs=pricing, trees=trees)
                 return replay(turns, proposer, k, stream, cap)
 
             by_fold = {held: live(fits[held]) for held in (0, 1)}
@@ -143,7 +149,7 @@ def main() -> None:
             lengths = copyable_lengths(turns, k, stream)
             for index, (turn, tc) in enumerate(zip(turns, cs)):
                 for label, steps in replayed.items():
-                    add(label, turn, steps[index], step_time(steps[index], cost))
+                    add(label, turn, steps[index], step_time(steps[index], cost, tree_cost=pricing.tree_cost))
                 for label, choose in choosers.items():
                     steps = cand.walk(tc, choose, k, cap)
                     add(label, turn, steps, step_time(steps, cost))

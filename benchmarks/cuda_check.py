@@ -188,41 +188,66 @@ def captured_costs(target: NativeRunner, draft: NativeRunner, reps: int) -> dict
     return table
 
 
+def replay_cost_file(report: dict) -> dict | None:
+    """The costs section's target step as the cost file `specdec replay --costs` and
+    benchmarks/candidate_scorer.py read (analysis/machine_costs.py's format): the chain's forwards
+    over its 1-token step, and the tree's as a second entry ("tree": true; planning/costs.py's
+    tree_cost_ratios prices a tree's step by it). None where the section did not run."""
+    costs = report.get("costs", {}).get("target_1.5B_bf16_ctx512", {})
+    if "chain" not in costs:
+        return None
+    fmt = "random-weight Qwen2.5-Coder-1.5B shape, bf16, replayed fixed steps"
+
+    def entry(shape: str) -> dict:
+        step_ms = {str(n): ms for n, ms in costs[shape].items()}
+        one = float(costs["chain"]["1"] if "1" in costs["chain"] else costs["chain"][1])
+        return dict(format=fmt, quantize="none", context=512, tree=shape == "tree", step_ms=step_ms,
+                    ratio={n: ms / one for n, ms in step_ms.items()})
+
+    return dict(gpu=report["device"], torch=report["torch"], results=[entry("chain"), entry("tree")])
+
+
 def device_time(event) -> float:
     """An event's own GPU microseconds (the attribute's name changed across PyTorch versions)."""
     return getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
 
 
 @torch.inference_mode()
-def kernel_profile(target: NativeRunner, context: int = 512) -> dict:
-    """The GPU kernels of one 1-token step after `context` tokens, eager and replayed (torch.profiler):
-    how many, their summed time, and the ten costliest names. A replayed step whose kernels add
-    up to its wall time is bound by the kernels themselves (fusion is next), not by launches."""
+def kernel_profile(target: NativeRunner, context: int = 512, tree_nodes: int = 9) -> dict:
+    """The GPU kernels of one step after `context` tokens, eager and replayed (torch.profiler): a
+    1-token chain and a tree of `tree_nodes` nodes; how many kernels, their summed time, the step's
+    wall time, and the ten costliest names. A replayed step whose kernels add up to its wall time
+    is bound by the kernels themselves (fusion is next), not by launches or the host's work."""
     from torch.profiler import ProfilerActivity, profile
 
-    ids = torch.randint(0, 150_000, (1, context + 1), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 150_000, (1, context + tree_nodes), generator=torch.Generator().manual_seed(0))
+    mask = random_tree(tree_nodes, torch.Generator().manual_seed(1))
+    shapes = {"chain": (ids[:, context:context + 1], torch.tensor([[context]]), None),
+              "tree": (ids[:, context:], context + mask.sum(-1) - 1, mask)}
     result = {}
     for name, graphs in (("eager", False), ("replayed", True)):
         graphs = graphs and target.device.type == "cuda"
         runner = NativeRunner(target.decoder, initial_cache_len=2048, cuda_graphs=graphs)
         runner.forward(ids[:, :context], torch.arange(context)[None], last_n_logits=1)
+        for shape, (new_ids, positions, among_new) in shapes.items():
+            def step():
+                runner.truncate([context])
+                runner.forward(new_ids, positions, among_new=among_new)
 
-        def step():
-            runner.truncate([context])
-            runner.forward(ids[:, context:], torch.tensor([[context]]))
-
-        for _ in range(3):
-            step()
-        synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            step()
+            for _ in range(3):
+                step()
             synchronize()
-        kernels = [event for event in prof.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA]
-        kernels.sort(key=device_time, reverse=True)
-        result[name] = {"kernels": sum(event.count for event in kernels),
-                        "kernel_ms": round(sum(device_time(event) for event in kernels) / 1e3, 3),
-                        "top": [(event.key[:80], event.count, round(device_time(event) / 1e3, 3))
-                                for event in kernels[:10]]}
+            started = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step()
+                synchronize()
+            wall_ms = (time.perf_counter() - started) * 1e3
+            kernels = [event for event in prof.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA]
+            kernels.sort(key=device_time, reverse=True)
+            result[f"{name} {shape}"] = {
+                "kernels": sum(event.count for event in kernels), "wall_ms_profiled": round(wall_ms, 3),
+                "kernel_ms": round(sum(device_time(event) for event in kernels) / 1e3, 3),
+                "top": [(event.key[:80], event.count, round(device_time(event) / 1e3, 3)) for event in kernels[:10]]}
     return result
 
 
@@ -248,42 +273,51 @@ def compiled_step(target: NativeRunner, context: int = 512, reps: int = 10) -> d
 
 
 def end_to_end(target: NativeRunner, draft: NativeRunner, tokenizer, new_tokens: int,
-               methods=("ngram", "lookahead", "self-draft", "draft")) -> dict:
+               methods=("ngram", "lookahead", "self-draft", "draft", "copy")) -> dict:
     """Greedy plain vs speculative on the random full-depth target: equality, tok/s, acceptance."""
     from specdec.engine import SpecEngine
     from specdec.proposers import DraftModelProposer, NgramProposer
     from specdec.proposers.lookahead import LookaheadProposer
+    from specdec.proposers.scored_copy import ScoredCopyProposer
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(temperature=0)
     prompt_ids = tokenizer.encode(PROMPT) if tokenizer is not None else list(range(1000, 1200))
     self_draft = target.with_batch_size(1)
-    setups = {"plain": None, "ngram k=4": (NgramProposer(), 4), "lookahead k=4": (LookaheadProposer(), 4),
-              "self-draft k=4": (DraftModelProposer(self_draft), 4),
-              "draft 0.5B-shape k=4": (DraftModelProposer(draft), 4)}
-    setups = {name: setup for name, setup in setups.items() if setup is None or name.split(" ")[0] in methods}
+    # Scored copying (proposers/scored_copy.py) sizes its own drafts from the engine's measured
+    # step costs: on a GPU's flat curve it may draft up to max_k = 16, as a chain or a tree.
+    setups = {"plain": lambda: (None, 4), "ngram k=4": lambda: (NgramProposer(), 4),
+              "lookahead k=4": lambda: (LookaheadProposer(), 4),
+              "self-draft k=4": lambda: (DraftModelProposer(self_draft), 4),
+              "draft 0.5B-shape k=4": lambda: (DraftModelProposer(draft), 4),
+              "copy k=auto": lambda: (ScoredCopyProposer(), "auto"),
+              "copy-trees k=auto": lambda: (ScoredCopyProposer(trees=True), "auto")}
+    setups = {name: setup for name, setup in setups.items()
+              if name == "plain" or name.split(" ")[0].split("-trees")[0] in methods}
     results, reference = {}, None
     for name, setup in setups.items():
-        proposer, k = setup if setup else (None, 4)
-        engine = SpecEngine(target, proposer, tokenizer, k=k, eos_token_ids=frozenset())
+        proposer, k = setup()
+        engine = SpecEngine(target, proposer, tokenizer, k=k, eos_token_ids=frozenset(), max_k=16)
         engine.generate(prompt_ids, params, max_new_tokens=8)  # warm-up
-        synchronize()
-        started = time.perf_counter()
-        out = engine.generate(prompt_ids, params, max_new_tokens=new_tokens)
-        synchronize()
-        seconds = time.perf_counter() - started
-        if reference is None:
-            reference = out.token_ids
-        first_diff = next((i for i, (a, b) in enumerate(zip(out.token_ids, reference)) if a != b), None)
-        results[name] = {"identical_to_plain": out.token_ids == reference, "first_difference": first_diff,
-                         "tok_per_s": round(len(out.token_ids) / seconds, 1),
-                         "acceptance": round(out.stats.acceptance_rate, 3) if proposer else None,
-                         "tau": round(out.stats.mean_accepted_length, 2)}
+        runs = ("", " again") if name.startswith("copy") else ("",)  # again: the corpus holds the answer
+        for again in runs:
+            synchronize()
+            started = time.perf_counter()
+            out = engine.generate(prompt_ids, params, max_new_tokens=new_tokens)
+            synchronize()
+            seconds = time.perf_counter() - started
+            if reference is None:
+                reference = out.token_ids
+            first_diff = next((i for i, (a, b) in enumerate(zip(out.token_ids, reference)) if a != b), None)
+            results[name + again] = {"identical_to_plain": out.token_ids == reference, "first_difference": first_diff,
+                                     "tok_per_s": round(len(out.token_ids) / seconds, 1),
+                                     "acceptance": round(out.stats.acceptance_rate, 3) if proposer else None,
+                                     "tau": round(out.stats.mean_accepted_length, 2)}
     return results
 
 
 def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_tokens: int = 48,
-                         methods=("ngram", "lookahead")) -> dict:
+                         methods=("ngram", "lookahead", "copy")) -> dict:
     """Three requests decoded side by side (BatchEngine, k=4) against each alone, greedy."""
     from specdec.engine import SpecEngine
     from specdec.engine.batch import BatchEngine
@@ -413,7 +447,8 @@ def random_models(args, report, section, tokenizer, device) -> None:
     if {"e2e_fp32", "batched_fp32"} <= set(args.skip.split(",")):
         return
     fp32 = NativeRunner(random_decoder(QWEN_1_5B, dtype=torch.float32, device=device), initial_cache_len=2048)
-    section("e2e_fp32", lambda: end_to_end(fp32, None, tokenizer, args.new_tokens, methods=("lookahead", "self-draft")))
+    section("e2e_fp32", lambda: end_to_end(fp32, None, tokenizer, args.new_tokens,
+                                           methods=("lookahead", "self-draft", "copy")))
     section("batched_fp32", lambda: batched_equals_alone(fp32, tokenizer))
 
 
@@ -478,6 +513,9 @@ def main() -> int:
         if isinstance(entry, dict):
             print(f"kernels of a 1-token step, {name}: {entry['kernels']} kernels, {entry['kernel_ms']} ms of GPU time;"
                   f" costliest {entry['top'][:3]}")
+    table = replay_cost_file(report)
+    if table is not None:
+        (args.out / "replay_costs.json").write_text(json.dumps(table, indent=1) + "\n")
     costs = report.get("costs", {}).get("target_1.5B_bf16_ctx512", {})
     if "chain" in costs:
         one = costs["chain"][1]

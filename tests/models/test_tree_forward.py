@@ -61,7 +61,7 @@ def test_the_cpu_tree_kernel_reads_the_prefix_in_place_with_the_gathered_sequenc
     sequence (what the tree path ran before): the same bits, for two rows with different prefixes
     (so the shared blocks are the shorter row's), 64 and 128 dims, 1 to 17 nodes."""
     from specdec.models.native import kernels
-    from specdec.models.native.attention import KEY_BLOCK, TreeKeys, blocked_attention, tree_attention
+    from specdec.models.native.attention import KEY_BLOCK, TreeKeys, tree_attention
 
     if kernels.load() is not None:
         pytest.skip(f"no kernels here: {kernels.load()}")
@@ -71,16 +71,56 @@ def test_the_cpu_tree_kernel_reads_the_prefix_in_place_with_the_gathered_sequenc
         among = tree_attention_mask(parents).expand(len(starts), -1, -1)  # [B, nodes, nodes], the root first
         tree = TreeKeys.build(starts, among, torch.device("cpu"))
         assert tree.shared_blocks == min(starts) // KEY_BLOCK
-        length = tree.index.shape[-1] + max(starts)
-        keys, values = (torch.randn(len(starts), 2, length, dim, generator=generator).to(dtype) for _ in range(2))
-        query = torch.randn(len(starts), 12, nodes, dim, generator=generator).to(dtype)
+        keys, values, query = _random_cache(starts, nodes, dim, dtype, generator)
         got = tree_attention(query, keys, values, tree)
-        rows = torch.arange(len(starts))[:, None, None]
-        path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
-        path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
-        grouped = query.view(len(starts), 2, 6, nodes, dim).transpose(2, 3)
-        expected = blocked_attention(grouped, path_keys, path_values, tree.bias).transpose(2, 3).reshape(query.shape)
-        assert torch.equal(got, expected), (dim, starts, nodes)
+        assert torch.equal(got, _gathered_attention(starts, among, query, keys, values)), (dim, starts, nodes)
+
+
+def _random_cache(starts, nodes, dim, dtype, generator):
+    """keys, values [B, 2, S, D] of a cache with room for the tree; query [B, 12, nodes, D]."""
+    from specdec.models.native.attention import round_up
+
+    length = round_up(max(starts) + nodes) + 64  # slots past the tree, as in a cache with room to spare
+    keys, values = (torch.randn(len(starts), 2, length, dim, generator=generator).to(dtype) for _ in range(2))
+    return keys, values, torch.randn(len(starts), 12, nodes, dim, generator=generator).to(dtype)
+
+
+def _gathered_attention(starts, among, query, keys, values):
+    """The reference: every node's whole key sequence gathered into plain decoding's layout, one
+    blocked attention over each."""
+    from specdec.models.native.attention import TreeKeys, blocked_attention, round_up
+
+    batch, heads, nodes, dim = query.shape
+    index, bias = TreeKeys.gathered_layout(starts, among, round_up(max(starts) + nodes))
+    rows = torch.arange(batch)[:, None, None]
+    path_keys = keys.permute(0, 2, 1, 3)[rows, index].permute(0, 3, 1, 2, 4)
+    path_values = values.permute(0, 2, 1, 3)[rows, index].permute(0, 3, 1, 2, 4)
+    grouped = query.view(batch, 2, heads // 2, nodes, dim).transpose(2, 3)
+    return blocked_attention(grouped, path_keys, path_values, bias).transpose(2, 3).reshape(query.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_split_tree_form_keeps_the_gathered_sequences_bits(dtype, monkeypatch):
+    """The PyTorch tree form CUDA runs (the prefix's whole blocks attended in place by all the nodes
+    at once, only each node's near blocks gathered; TreeKeys), here on the CPU with the kernels
+    off: the bits of the blocked attention over each node's whole gathered sequence, for rows of
+    different prefixes, 1 to 64 nodes, a fixed in-place width past the keys (a recorded step's key
+    bucket) or the fewest blocks."""
+    from specdec.models.native import kernels
+    from specdec.models.native.attention import TreeKeys, tree_attention
+
+    monkeypatch.setattr(kernels, "load", lambda: "off in this test")
+    generator = torch.Generator().manual_seed(13)
+    for dim, starts, nodes, width in [(128, [300, 130], 9, None), (64, [800, 700], 17, 1024),
+                                      (128, [5, 70], 4, 256), (64, [64, 128], 1, None), (128, [511], 64, 1024)]:
+        parents = [(i - 1) // 2 - 1 for i in range(1, nodes)]
+        among = tree_attention_mask(parents).expand(len(starts), -1, -1)
+        tree = TreeKeys.build(starts, among, torch.device("cpu"), width=width)
+        keys, values, query = _random_cache(starts, nodes, dim, dtype, generator)
+        if width is not None and width > keys.shape[2]:
+            keys, values = (torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2])) for t in (keys, values))
+        got = tree_attention(query, keys, values, tree)
+        assert torch.equal(got, _gathered_attention(starts, among, query, keys, values)), (dim, starts, nodes)
 
 
 ATTENTION_SCRIPT = """

@@ -84,6 +84,43 @@ def test_step_costs_follow_the_measured_times_once_two_sizes_are_seen():
     assert fixed.cost(9) == 2.0
 
 
+def test_trees_are_timed_apart_from_chains():
+    """On a GPU a tree's step costs more than a chain's of as many tokens: its own times price it
+    once measured; before that, and never below, a chain's of as many tokens."""
+    costs = StepCosts(prior=lambda n: 1.0)
+    for tokens, seconds in ((1, 0.007), (9, 0.007)):
+        for _ in range(3):
+            costs.record(tokens, seconds)
+    assert costs.tree_cost(9) == pytest.approx(1.0)  # no tree measured: a chain's price
+    for _ in range(3):
+        costs.record(9, 0.0112, tree=True)
+    assert costs.tree_cost(9) == pytest.approx(1.6) and costs.cost(9) == pytest.approx(1.0)
+    cpu_like = StepCosts(prior=lambda n: 1.0)
+    for tokens, seconds, tree in ((1, 0.010, False), (9, 0.020, False), (9, 0.019, True)):
+        cpu_like.record(tokens, seconds, tree=tree)
+    assert cpu_like.tree_cost(9) == pytest.approx(2.0)  # never below the chain's
+
+
+def test_a_tree_is_drafted_only_where_it_beats_the_chain_at_its_price():
+    # "5" was followed by 6 7 8 twice and by 6 9 4 once: the chain 6 7 8 is likelier.
+    tokens = [1, 5, 6, 7, 8, 2, 5, 6, 9, 4, 3, 5, 6, 7, 8, 0, 5]
+    shapes = {}
+    for name, tree_price in (("cheap", 1.0), ("dear", 1.6)):
+        costs = StepCosts(lambda n: 1.0, measured=False, tree_prior=lambda n, p=tree_price: p)
+        proposer = ScoredCopyProposer(constant(0.7), CopyCorpus(0), costs, trees=True)
+        proposal = proposer.propose(ProposeContext(torch.tensor([tokens]), GREEDY, None, 100), 3)
+        shapes[name] = (proposal.tree(), proposal.token_ids[0, :int(proposal.num_tokens[0])].tolist())
+    assert shapes["cheap"][0] is not None and {7, 9} <= set(shapes["cheap"][1])  # both branches
+    assert shapes["dear"] == (None, [6, 7, 8])  # the chain alone
+    # Measured costs: chains until a chain step of another size than plain's has priced them.
+    costs = StepCosts(lambda n: 1.0)
+    proposer = ScoredCopyProposer(constant(0.7), CopyCorpus(0), costs, trees=True)
+    costs.record(1, 0.007)
+    assert proposer.propose(ProposeContext(torch.tensor([tokens]), GREEDY, None, 100), 3).tree() is None
+    costs.record(4, 0.007)
+    assert proposer.propose(ProposeContext(torch.tensor([tokens]), GREEDY, None, 100), 3).tree() is not None
+
+
 def test_earlier_requests_are_copied_from_within_a_tenant_only():
     corpora = TenantCopyCorpora()
     alice = ScoredCopyProposer(constant(0.9), corpora, StepCosts(lambda n: 1.0, measured=False))

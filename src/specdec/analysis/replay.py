@@ -72,6 +72,7 @@ class TurnSteps:
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     draft_reads: list[tuple[int, ...]] = field(default_factory=list)
+    trees: list[bool] = field(default_factory=list)  # whether each step verified a tree (empty: chains only)
 
 
 def recorded_turns(rows: Iterable[dict], method: str = "autoregressive") -> list[RecordedTurn]:
@@ -166,6 +167,7 @@ def replay(turns: Sequence[RecordedTurn], proposer: Proposer | BatchProposer, k:
             context += answer[position:position + committed]
             position += committed
             steps.drafted.append(count)
+            steps.trees.append(parents is not None)
             steps.accepted.append(accepted)
             steps.draft_reads.append(tuple(reads[reads_before:]))
         batch.end_row(0, list(turn.prompt_ids), list(answer))
@@ -328,10 +330,13 @@ class Tally:
         return (self.tokens - self.turns) / self.time if self.time else 1.0
 
 
-def step_time(steps: TurnSteps, cost: CostFn, draft_cost: CostFn | None = None) -> float:
-    """A turn's decode time in 1-token target steps: each step's verification, cost(1 + drafted), and
-    each draft-model forward it ran, draft_cost(tokens read) (None: a draft model's forwards are free)."""
-    verify = sum(cost(1 + d) for d in steps.drafted)
+def step_time(steps: TurnSteps, cost: CostFn, draft_cost: CostFn | None = None,
+              tree_cost: CostFn | None = None) -> float:
+    """A turn's decode time in 1-token target steps: each step's verification, cost(1 + drafted) (a
+    tree's tree_cost(1 + drafted) where one is given), and each draft-model forward it ran,
+    draft_cost(tokens read) (None: a draft model's forwards are free)."""
+    trees = steps.trees if len(steps.trees) == len(steps.drafted) else [False] * len(steps.drafted)
+    verify = sum((tree_cost if tree and tree_cost else cost)(1 + d) for d, tree in zip(steps.drafted, trees))
     if draft_cost is None:
         return verify
     return verify + sum(draft_cost(tokens) for reads in steps.draft_reads for tokens in reads)

@@ -229,7 +229,7 @@ def record_step_costs(proposer: BatchProposer | None, result: StepResult) -> Non
     if proposer is None or len(result.drafted) != 1:
         return
     if proposer.step_costs is not None:
-        proposer.step_costs.record(result.forward_tokens, result.verify_s)
+        proposer.step_costs.record(result.forward_tokens, result.verify_s, tree=result.trees[0] is not None)
     if result.trees[0] is not None and proposer.tree_budget is not None:
         proposer.tree_budget.record(verified_tokens=result.width + 1, verify_s=result.verify_s,
                                     accepted=result.accepted[0])

@@ -80,3 +80,22 @@ def cost_ratios(path: str | Path) -> tuple[list[tuple[int, float]], dict, dict]:
     if len(points) < 2 or points[0][0] != 1:
         raise ValueError(f"{path}: needs the 1-token step and at least one longer forward")
     return points, data, result
+
+
+def tree_cost_ratios(path: str | Path) -> list[tuple[int, float]] | None:
+    """A cost file's tree forwards (its entry with "tree": true, `specdec costs --trees`) over the
+    chain's 1-token step (its first result's), ascending in nodes + 1; None where it times no trees:
+    a tree then costs what a chain of as many tokens does, as on a CPU, where a forward's cost
+    follows its rows whatever their shape. On a GPU a tree's step gathers each node's keys and costs
+    more than a chain's (benchmarks/RESULTS.md, "Trees on a GPU: the prefix read in place")."""
+    _, data, chain = cost_ratios(path)
+    trees = [result for result in data["results"] if result.get("tree")]
+    if not trees:
+        return None
+    try:
+        one = float(chain["step_ms"]["1"] if "1" in chain["step_ms"] else chain["step_ms"][1])
+        points = sorted((int(rows), float(ms) / one) for rows, ms in trees[0]["step_ms"].items())
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: a tree entry needs step_ms, and the first result the 1-token step's") from error
+    return points
+

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.planning.costs import RecentTimes, cost_ratios, interpolated
+from specdec.planning.costs import RecentTimes, cost_ratios, interpolated, tree_cost_ratios
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
                                                choose_draft, choose_tree, hazard_rows, sigmoid, step_candidates)
@@ -98,7 +98,9 @@ class CopyOptions:
     def new_step_costs(self) -> StepCosts:
         if self.costs is None:
             return StepCosts()
-        return StepCosts(interpolated(cost_ratios(self.costs)[0]), measured=False)
+        trees = tree_cost_ratios(self.costs)
+        return StepCosts(interpolated(cost_ratios(self.costs)[0]), measured=False,
+                         tree_prior=None if trees is None else interpolated(trees))
 
     def new_tenant_corpora(self) -> TenantCopyCorpora:
         return TenantCopyCorpora(self.corpus_tokens)
@@ -108,32 +110,59 @@ class StepCosts:
     """Verification cost over a 1-token step, by tokens in the forward: the engine's own medians
     (planning/costs.RecentTimes, fed one-row steps by engine/step.py's record_step_costs) once
     forwards of two sizes were measured, the prior before; measured=False: the prior always (a
-    fixed table). One per engine: every row shares it."""
+    fixed table). One per engine: every row shares it.
 
-    def __init__(self, prior: CostFn | None = None, window: int = 64, measured: bool = True) -> None:
+    Trees are timed apart (tree_cost): on a CPU a forward costs what its rows do whatever their
+    shape, but on a GPU a tree's step gathers each node's keys and costs more than a chain's of as
+    many tokens (benchmarks/RESULTS.md, "Trees on a GPU: the prefix read in place"). Until a tree
+    step is measured (or where the fixed table times none), a tree costs the chain curve's price."""
+
+    def __init__(self, prior: CostFn | None = None, window: int = 64, measured: bool = True,
+                 tree_prior: CostFn | None = None) -> None:
         self.prior = prior or prior_cost()
+        self.tree_prior = tree_prior
         self.times = RecentTimes(window)
+        self.tree_times = RecentTimes(window)
         self.measured = measured
-        self._curve: CostFn | None = self.prior  # the curve cost() reads, rebuilt after each record
+        self._curves: tuple[CostFn, CostFn | None] | None = (self.prior, tree_prior)  # rebuilt after a record
 
-    def record(self, tokens: int, seconds: float) -> None:
+    def record(self, tokens: int, seconds: float, tree: bool = False) -> None:
         if self.measured:
-            self.times.add(tokens, seconds)
-            self._curve = None
+            (self.tree_times if tree else self.times).add(tokens, seconds)
+            self._curves = None
 
     def cost(self, tokens: int) -> float:
-        if self._curve is None:  # a choice asks for many sizes: the medians once per recorded step
-            self._curve = self._measured_curve() or self.prior
-        return self._curve(tokens)
+        return self._current()[0](tokens)
 
-    def _measured_curve(self) -> CostFn | None:
-        if len({x for x, _ in self.times.samples}) < 2:
+    def tree_cost(self, tokens: int) -> float:
+        """A tree forward of `tokens` (nodes and the root) over a chain's 1-token step; never below
+        a chain's of as many tokens."""
+        chain, tree = self._current()
+        return chain(tokens) if tree is None else max(tree(tokens), chain(tokens))
+
+    def _current(self) -> tuple[CostFn, CostFn | None]:
+        if self._curves is None:  # a choice asks for many sizes: the medians once per recorded step
+            self._curves = self._measured_curves() or (self.prior, self.tree_prior)
+        return self._curves
+
+    @property
+    def chains_known(self) -> bool:
+        """Whether chains are priced by this machine's times (or a fixed table): until then a tree
+        is not drafted, since its price is judged against the chain's and a chain step of another
+        size than plain's is what measures that (trees winning from the first step would leave
+        both shapes priced by the prior, another machine's curve, for good)."""
+        return not self.measured or len({x for x, _ in self.times.samples}) >= 2
+
+    def _measured_curves(self) -> tuple[CostFn, CostFn | None] | None:
+        if not self.chains_known:
             return None
         seconds = self.times.predictor()
         one = seconds(1)
         if one <= 0:
             return None
-        return lambda tokens: max(seconds(tokens) / one, 1.0)
+        tree_seconds = self.tree_times.predictor()
+        tree = self.tree_prior if tree_seconds is None else (lambda tokens: tree_seconds(tokens) / one)
+        return (lambda tokens: max(seconds(tokens) / one, 1.0)), tree
 
 
 def _check_corpus_tokens(max_tokens: int) -> None:
@@ -293,15 +322,17 @@ class ScoredCopyProposer(Proposer):
         logits = self.scorer.logit(x)
         offset = self.calibration.offset if self.calibration is not None else 0.0
         hazard = sigmoid(logits + offset)
-        candidate, drafted, _ = choose_draft(step, hazard, self.step_costs.cost, max_k)
+        candidate, drafted, in_chain = choose_draft(step, hazard, self.step_costs.cost, max_k)
         if not drafted:
             return self._nothing(device)
         if self.calibration is not None:  # (a tree's: judged along this best chain, the tree's main path)
             self.calibration.drafted(logits[rows_candidate == candidate][:drafted])
-        if self.trees:
-            tokens, parents, _ = choose_tree(step, hazard, self.step_costs.cost, max_k)
-            if tokens:
-                return DraftProposal.of_row(tokens, chain_or_tree(parents), device)
+        if self.trees and self.step_costs.chains_known:  # a tree where it beats the best chain at its price
+            tokens, parents, in_tree = choose_tree(step, hazard, self.step_costs.tree_cost, max_k)
+            tree = chain_or_tree(parents) if tokens else None
+            if tree is not None and ((1 + in_tree) / self.step_costs.tree_cost(1 + len(tokens))
+                                     > (1 + in_chain) / self.step_costs.cost(1 + drafted)):
+                return DraftProposal.of_row(tokens, tree, device)
         return DraftProposal.of_row(step.tokens[candidate, :drafted].tolist(), None, device)  # a point-mass chain
 
     def _nothing(self, device) -> DraftProposal:

@@ -36,6 +36,9 @@ On a CPU the law runs as one C++ call per layer (kernels/attention.cpp: each
 query row loops over its own keys, so invariance holds by construction there
 too); the PyTorch form below is what CUDA runs, and the CPU where the kernels
 cannot be compiled.
+A tree's nodes read the cached prefix in place and gather only their near keys
+(TreeKeys, tree_attention): blocked_attention's terms per block (block_terms)
+from two calls, concatenated in block order, then combined (combine_blocks).
 
 Cost of the PyTorch form, measured on a 2-core AVX512-BF16 EPYC (Qwen2.5-1.5B heads, one layer,
 `python benchmarks/attention_invariance.py`): at 128-512 cached tokens a decode step's
@@ -83,10 +86,20 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     """
     if query.device.type == "cpu" and kernels.load() is None:  # the same law in one call (kernels/attention.cpp)
         return torch.ops.specdec_attention.blocked(query, keys, values, bias, KEY_BLOCK)
-    batch, kv_heads, groups, rows, dim = query.shape
+    rows = query.shape[-2]
     if rows % ROW_TILE:  # see the module docstring: pad to whole tiles, drop the padding after
         padded = torch.nn.functional.pad(query, (0, 0, 0, round_up(rows, ROW_TILE) - rows))
         return blocked_attention(padded, keys, values, bias)[..., :rows, :]
+    return combine_blocks(*block_terms(query, keys, values, bias), values.dtype)
+
+
+def block_terms(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """blocked_attention's terms of each key block, before they are combined (rows in whole tiles):
+    each block's max [.., nb, M, 1], its sum of weights [.., nb, M, 1] and its weighted values
+    [.., nb, M, D]. A query's terms from two calls over disjoint blocks, concatenated in block
+    order, are the terms of one call over all of them (tree_attention's split form)."""
+    dim = query.shape[-1]
     blocks = keys.shape[-2] // KEY_BLOCK
     key_blocks = keys.float().unflatten(-2, (blocks, KEY_BLOCK))  # [B, Hkv, Qk, nb, blk, D]
     value_blocks = values.float().unflatten(-2, (blocks, KEY_BLOCK))
@@ -100,10 +113,17 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     weights = torch.nn.functional.threshold_(scores.sub_(block_max), NEGLIGIBLE_EXPONENT, float("-inf")).exp_()
     block_sums = weights.sum(dim=-1, keepdim=True)  # a fixed-length (KEY_BLOCK) reduction per row
     block_outs = torch.matmul(weights, value_blocks)  # [B, Hkv, Q, nb, M, D], K = KEY_BLOCK
+    return block_max, block_sums, block_outs
+
+
+def combine_blocks(block_max: torch.Tensor, block_sums: torch.Tensor, block_outs: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """block_terms' terms [B, Hkv, Q, nb, M, *] -> the attention [B, Hkv, Q, M, D] in dtype: each
+    block rescaled to the query's overall max, then summed in block order."""
     rescale = block_max.sub_(block_max.amax(dim=3, keepdim=True))  # 0 for all-masked blocks, after exp
     rescale = torch.nn.functional.threshold_(rescale, NEGLIGIBLE_EXPONENT, float("-inf")).exp_()
     total = running_sum(block_sums.mul_(rescale))  # [B, Hkv, Q, M, 1]
-    return running_sum(block_outs.mul_(rescale)).div_(total).to(values.dtype)
+    return running_sum(block_outs.mul_(rescale)).div_(total).to(dtype)
 
 
 def running_sum(x: torch.Tensor) -> torch.Tensor:
@@ -189,28 +209,34 @@ def chain_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
 class TreeKeys:
     """Per query of a tree forward, the cache slots it attends to, in the order plain decoding has them.
 
-    index [B, T, S'] slots: the row's cached prefix, then the query's ancestors and itself
-    (root first), padded at the end to whole key blocks; bias [B, 1, T, nb, 1, KEY_BLOCK]
-    (block_bias) hides the padding. Plain decoding of a node's path sees exactly these
-    keys at these slots, so the node's attention sees the same blocks.
+    Plain decoding of a node's path sees the row's cached prefix, then the path's keys (root first)
+    right after it. A mask over the whole forward would give each node the right keys, but with its
+    ancestors scattered among masked siblings, in other blocks than plain decoding has them; so
+    each node's keys are laid out as plain decoding has them (gathered_layout), which puts them in
+    the same blocks, and verification is bit-identical to it. Gathering every node's whole
+    sequence copies O(nodes x context) keys, so the forms below read the prefix's whole blocks in
+    place, shared by the nodes, and gather only each node's tail:
 
-    The same sequences split for the CPU kernel (kernels/attention.cpp's tree op): the
-    first shared_blocks blocks are the cached prefix's whole blocks, the same for every
-    node and read in place from the cache; tail_index [B, T, St] and tail_bias
-    [B, T, nbt, KEY_BLOCK] are each node's remaining slots (the prefix's last partial
-    block, its path) from block shared_blocks on. Gathering only the tails copies
-    O(T x (KEY_BLOCK + depth)) keys instead of O(T x context).
+    - the CPU kernel (kernels/attention.cpp's tree op): the first shared_blocks blocks are the
+      prefix's whole blocks common to every row; tail_index [B, T, St] and tail_bias
+      [B, T, nbt, KEY_BLOCK] are each node's slots from block shared_blocks on.
+    - the PyTorch form (CUDA): far_bias [B, 1, 1, nb, 1, 1] over the `width` slots read in place
+      shows each row its own whole prefix blocks (start // KEY_BLOCK of them); near_index [B, T, Sn]
+      and near_bias [B, 1, T, nbn, 1, KEY_BLOCK] are each node's slots from its row's first partial
+      block on. Sn depends on the node count alone, so a recorded CUDA step keeps its shapes.
     """
-    index: torch.Tensor
-    bias: torch.Tensor
     shared_blocks: int
-    tail_index: torch.Tensor
-    tail_bias: torch.Tensor
+    tail_index: torch.Tensor | None  # on a CPU only
+    tail_bias: torch.Tensor | None
+    far_bias: torch.Tensor
+    near_index: torch.Tensor
+    near_bias: torch.Tensor
 
     @staticmethod
     def build(starts: list[int], among_new: torch.Tensor, device: torch.device, width: int | None = None) -> TreeKeys:
         """among_new [B, T, T]: which new tokens each new token sees (itself and its ancestors).
-        width: the key slots per query (whole blocks; default the fewest that hold the longest)."""
+        width: the key slots the in-place part views (whole blocks; default the fewest that hold
+        the longest row's prefix and path)."""
         visible = among_new.to(device="cpu", dtype=torch.bool)
         counts = visible.sum(dim=-1)  # [B, T]
         needed = round_up(max(starts) + int(counts.max()))
@@ -218,41 +244,57 @@ class TreeKeys:
             width = needed
         elif width < needed or width % KEY_BLOCK:
             raise ValueError(f"a tree over {needed} key slots cannot attend over {width}")
-        shared_blocks = min(starts) // KEY_BLOCK
-        shared = shared_blocks * KEY_BLOCK
-        tail_width = width - shared
-        # Slot j of query q in row b: j itself below the row's start, then the new slots q sees in
-        # order (a stable sort puts the seen columns first, ascending), then padding (slot 0, masked).
         batch, steps = visible.shape[:2]
-        start = torch.tensor(starts)[:, None, None]  # [B, 1, 1]
-        column = torch.arange(width)  # [S']
-        seen_in_order = torch.argsort((~visible).to(torch.uint8), dim=-1, stable=True)  # [B, T, T]
-        offset = (column - start).clamp(0, steps - 1).expand(batch, steps, width)
-        index = torch.where(column < start, column, start + torch.gather(seen_in_order, 2, offset))
-        seen = column < start + counts[..., None]  # [B, T, S']
-        index = torch.where(seen, index, 0)
-        mask = seen[:, None, :, None, :]  # [B, 1, T, 1, S']
-        tail_bias = block_bias(mask[:, :, :, :, shared:]).reshape(
-            visible.shape[0], visible.shape[1], tail_width // KEY_BLOCK, KEY_BLOCK)
-        return TreeKeys(index.to(device), block_bias(mask.to(device)), shared_blocks,
-                        index[:, :, shared:].contiguous().to(device), tail_bias.to(device))
+        start = torch.tensor(starts)
+        shared_blocks = min(starts) // KEY_BLOCK
+        tail_index = tail_bias = None
+        if device.type == "cpu":  # the CPU kernel's form
+            tail_index, tail_seen = _tree_slots(start, visible, counts, shared_blocks * KEY_BLOCK + torch.arange(
+                width - shared_blocks * KEY_BLOCK)[None].expand(batch, -1))
+            tail_bias = block_bias(tail_seen[:, None, :, None, :]).reshape(batch, steps, -1, KEY_BLOCK)
+        own_blocks = start // KEY_BLOCK  # [B] each row's whole prefix blocks
+        far = torch.arange(width // KEY_BLOCK)[None] < own_blocks[:, None]  # [B, nb]
+        zeros = torch.zeros(())
+        far_bias = torch.where(far, zeros, float("-inf"))[:, None, None, :, None, None]
+        near_width = round_up(KEY_BLOCK - 1 + steps)  # a partial block of prefix, then a path of <= steps
+        near_index, near_seen = _tree_slots(start, visible, counts,
+                                            own_blocks[:, None] * KEY_BLOCK + torch.arange(near_width)[None])
+        near_bias = block_bias(near_seen[:, None, :, None, :])
+        return TreeKeys(shared_blocks, tail_index, tail_bias, far_bias.to(device), near_index.to(device),
+                        near_bias.to(device))
 
     @staticmethod
-    def whole(index: torch.Tensor, bias: torch.Tensor) -> TreeKeys:
-        """The keys of index [B, T, S'] and bias [B, 1, T, nb, 1, KEY_BLOCK] (build's), with no
-        shared prefix: the CPU kernel gathers them all, CUDA reads index and bias as always."""
-        batch, _, steps, blocks, _, block = bias.shape
-        return TreeKeys(index, bias, 0, index, bias.reshape(batch, steps, blocks, block))
+    def gathered_layout(starts: list[int], among_new: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each node's whole key sequence as plain decoding has it, the reference both forms keep
+        the bits of: index [B, T, width] slots and bias [B, 1, T, nb, 1, KEY_BLOCK] (block_bias)."""
+        visible = among_new.to(dtype=torch.bool)
+        index, seen = _tree_slots(torch.tensor(starts), visible, visible.sum(dim=-1),
+                                  torch.arange(width)[None].expand(len(starts), -1))
+        return index, block_bias(seen[:, None, :, None, :])
+
+
+def _tree_slots(start: torch.Tensor, visible: torch.Tensor, counts: torch.Tensor,
+                column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache slot at each of `column` [B, W] (positions in plain decoding's layout) for every
+    node: index [B, T, W] and seen [B, T, W]. Below the row's start a position is its own slot;
+    then come the new slots the node sees, in order (a stable sort puts the seen columns first,
+    ascending); after them padding (slot 0, not seen)."""
+    batch, steps = visible.shape[:2]
+    start, column = start[:, None, None], column[:, None, :]  # [B, 1, 1], [B, 1, W]
+    seen_in_order = torch.argsort((~visible).to(torch.uint8), dim=-1, stable=True)  # [B, T, T]
+    offset = (column - start).clamp(0, steps - 1).expand(batch, steps, -1)
+    index = torch.where(column < start, column, start + torch.gather(seen_in_order, 2, offset))
+    seen = column < start + counts[..., None]  # [B, T, W]
+    return torch.where(seen, index, 0), seen
 
 
 def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tree: TreeKeys) -> torch.Tensor:
-    """Attention of a tree's queries, each over its own key sequence: [B, Hq, T, D].
+    """Attention of a tree's queries, each over its own key sequence (TreeKeys): [B, Hq, T, D].
 
-    A mask over the whole forward would give each node the right keys, but with its
-    ancestors scattered among masked siblings, in other blocks than plain decoding
-    has them. Gathering each query's keys into the prefix-then-path layout of plain
-    decoding puts them in the same blocks, so verification is bit-identical to it.
-    On a CPU only the tails are gathered (TreeKeys); the kernel reads the prefix in place.
+    On a CPU one kernel call per layer; elsewhere the prefix's whole blocks are attended in place
+    by every node's rows at once (as a chain's), each node's near blocks gathered, and the two
+    sets of block terms combined in block order: a row's in-place blocks past its own are all
+    masked and add exact zeros, so the sum is plain decoding's, term for term.
     """
     batch, query_heads, steps, dim = query.shape
     kv_heads = keys.shape[1]
@@ -264,10 +306,18 @@ def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         tail_values = values.permute(0, 2, 1, 3)[rows, tree.tail_index].permute(0, 3, 1, 2, 4)
         attended = torch.ops.specdec_attention.tree(grouped, keys, values, tail_keys, tail_values, tree.tail_bias,
                                                     tree.shared_blocks, KEY_BLOCK)
-    else:
-        path_keys = keys.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, S', D]
-        path_values = values.permute(0, 2, 1, 3)[rows, tree.index].permute(0, 3, 1, 2, 4)
-        attended = blocked_attention(grouped, path_keys, path_values, tree.bias)  # [B, Hkv, T, G, D]
+        return attended.transpose(2, 3).reshape(batch, query_heads, steps, dim)
+    tile = round_up(groups, ROW_TILE)
+    padded = torch.nn.functional.pad(grouped, (0, 0, 0, tile - groups))  # [B, Hkv, T, G', D]
+    width = tree.far_bias.shape[3] * KEY_BLOCK
+    far = block_terms(padded.reshape(batch, kv_heads, 1, steps * tile, dim), keys[:, :, None, :width],
+                      values[:, :, None, :width], tree.far_bias)  # each [B, Hkv, 1, nb, T * G', E]
+    near_keys = keys.permute(0, 2, 1, 3)[rows, tree.near_index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, Sn, D]
+    near_values = values.permute(0, 2, 1, 3)[rows, tree.near_index].permute(0, 3, 1, 2, 4)
+    near = block_terms(padded, near_keys, near_values, tree.near_bias)  # each [B, Hkv, T, nbn, G', E]
+    near = [term.transpose(2, 3).flatten(3, 4).unsqueeze(2) for term in near]  # [B, Hkv, 1, nbn, T * G', E]
+    terms = (torch.cat(pair, dim=3) for pair in zip(far, near))
+    attended = combine_blocks(*terms, values.dtype).view(batch, kv_heads, steps, tile, dim)[..., :groups, :]
     return attended.transpose(2, 3).reshape(batch, query_heads, steps, dim)
 
 

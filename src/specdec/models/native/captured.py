@@ -26,6 +26,7 @@ capture that failed), the same function runs eagerly: one law either way.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import OrderedDict
 
@@ -57,10 +58,10 @@ class StaticStep:
         self.token_ids = torch.zeros(rows, width, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows, width, dtype=torch.int64, device=device)
         self.starts = torch.zeros(rows, dtype=torch.int64, device=device)  # each row's cached length
-        self.tree_index = self.tree_bias = None
-        if tree:  # TreeKeys.build's index and bias at width key_length
-            self.tree_index = torch.zeros(rows, width, key_length, dtype=torch.int64, device=device)
-            self.tree_bias = torch.zeros(rows, 1, width, key_length // KEY_BLOCK, 1, KEY_BLOCK, device=device)
+        self.tree = tree
+        # A tree's keys (TreeKeys.build at width key_length): once a graph is recorded it reads these
+        # tensors, and later steps copy theirs in (the in-place and near parts keep their shapes).
+        self.tree_keys: TreeKeys | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (logits, hidden)
 
@@ -68,8 +69,8 @@ class StaticStep:
         """The forward over the buffers: logits [rows, width, V], hidden [rows, width, H]."""
         slots = self.starts[:, None] + torch.arange(self.width, device=self.starts.device)  # [rows, width]
         cache = SlotRows(self.cache, self.first_row, self.first_row + self.rows, slots)
-        if self.tree_index is not None:
-            plan = AttentionPlan(self.key_length, tree=TreeKeys.whole(self.tree_index, self.tree_bias))
+        if self.tree:
+            plan = AttentionPlan(self.key_length, tree=self.tree_keys)
         else:
             bias = ChainChunk.bias_of(self.starts, 0, self.width, self.key_length, self.decoder.query_groups)
             plan = AttentionPlan(self.key_length, chain=[ChainChunk(0, self.width, self.key_length, bias)])
@@ -136,8 +137,12 @@ class FixedSteps:
         step.starts.copy_(torch.tensor(starts))
         if tree:
             keys = TreeKeys.build(starts, among_new, self.decoder.device, width=key_length)
-            step.tree_index.copy_(keys.index)
-            step.tree_bias.copy_(keys.bias)
+            if step.graph is not None:  # it reads the recorded step's tensors: this step's go into them
+                recorded = {name: getattr(step.tree_keys, name) for name in ("far_bias", "near_index", "near_bias")}
+                for name, tensor in recorded.items():
+                    tensor.copy_(getattr(keys, name))
+                keys = dataclasses.replace(keys, **recorded)
+            step.tree_keys = keys
         if step.graph is not None:
             step.graph.replay()
             logits, hidden = (tensor.clone() for tensor in step.outputs)
