@@ -1,8 +1,10 @@
-"""specdec against llama.cpp on the same CPU, same prompts, one interleaved run.
+"""specdec against llama.cpp and OpenVINO GenAI on the same CPU, same prompts, one interleaved run.
 
 llama.cpp is built once from the source vendored in the llama-cpp-python sdist
 on PyPI (benchmarks/llama_cpp_peer.py) and runs the GGUF files the embedded models
-ship as (Q4_K_M). Every configuration runs on every prompt, in an order that
+ship as (Q4_K_M). OpenVINO GenAI runs in a virtualenv of its own on the embedded
+models exported to int4 IR with optimum-intel's defaults (benchmarks/openvino_peer.py;
+`--openvino` with no modes leaves it out). Every configuration runs on every prompt, in an order that
 rotates from prompt to prompt, so drift in the machine's speed spreads evenly.
 Prompts are the bench suites' first turns with the chat template applied (the
 same text for both engines). Decode tokens/s excludes prefill; time to first
@@ -15,6 +17,7 @@ with SIGSEGV on a Sapphire Rapids Xeon).
   python benchmarks/peers.py --per-category 2 --temperature 0.7
   python benchmarks/peers.py --temperature 0.7 --top-p 0.9 --out benchmarks/results/peers-top-p
   python benchmarks/peers.py --summary-only --out benchmarks/results/peers
+  python benchmarks/peers.py --llama plain --openvino plain lookup --specdec "specdec copy=copy:k=auto,quantize=w4a8"
 
 A specdec configuration is LABEL=METHOD[:k=K][,quantize=Q] (LABEL without "="; METHOD from
 `specdec generate --help`, K a number or auto, Q the target's weights).
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 import llama_cpp_peer as llama_cpp  # benchmarks/llama_cpp_peer.py (not the llama-cpp-python package)
+import openvino_peer  # benchmarks/openvino_peer.py
 
 from specdec.bench.prompt_sets import load_prompts
 from specdec.engine import SpecEngine
@@ -179,6 +183,13 @@ def summarise(rows: list[dict]) -> str:
             if same:
                 equal = sum(1 for r in same if r["token_ids"] == plain_ids[r["quantize"], r["prompt"]])
                 lines.append(f"{label}: {equal}/{len(same)} outputs identical to plain decoding of its target")
+    # OpenVINO's speculative modes against its own plain decoding (the same int4 IR).
+    openvino_plain = {r["prompt"]: r["token_ids"] for r in rows if r["config"] == "openvino plain" and "token_ids" in r}
+    if all_greedy(rows) and openvino_plain:
+        for label in (label for label in labels if label.startswith("openvino ") and label != "openvino plain"):
+            same = [r for r in rows if r["config"] == label and "token_ids" in r and r["prompt"] in openvino_plain]
+            equal = sum(1 for r in same if r["token_ids"] == openvino_plain[r["prompt"]])
+            lines.append(f"{label}: {equal}/{len(same)} outputs identical to OpenVINO's plain decoding")
     return "\n".join(lines)
 
 
@@ -203,6 +214,12 @@ def main() -> None:
     parser.add_argument("--llama-bin", type=Path,
                         help="a llama.cpp build's bin folder (default: llama_cpp_peer.py's build: GGML_NATIVE=ON, or "
                              "on a CPU with AMX, whose AMX repacking crashed, AVX-512 without AMX)")
+    parser.add_argument("--openvino", nargs="*", default=list(openvino_peer.MODES), choices=openvino_peer.MODES,
+                        help="OpenVINO GenAI's modes (default: all; none: left out): plain, speculative (the 0.5B "
+                             "draft), lookup (its prompt lookup)")
+    parser.add_argument("--openvino-k", type=int, default=5,
+                        help="OpenVINO's num_assistant_tokens for speculative and lookup (default: 5, as its own "
+                             "samples use)")
     parser.add_argument("--out", default="benchmarks/results/peers")
     parser.add_argument("--summary-only", action="store_true")
     args = parser.parse_args()
@@ -213,11 +230,16 @@ def main() -> None:
         print(summarise([json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]))
         return
     out.mkdir(parents=True, exist_ok=True)
-    bin_dir = args.llama_bin or llama_cpp.build()
+    bin_dir = (args.llama_bin or llama_cpp.build()) if args.llama else None
+    if args.openvino:
+        openvino_peer.setup((TARGET, DRAFT) if "speculative" in args.openvino else (TARGET,))
+    openvino = {mode: openvino_peer.Worker(mode, TARGET, DRAFT, args.threads, args.openvino_k)
+                for mode in args.openvino}
     engines = build_engines(args.specdec)
     tokenizer = next(iter(engines.values())).tokenizer
     prompts = load_prompts(args.prompts.split(","), args.per_category)
-    configs = [f"llama.cpp {mode}" for mode in args.llama] + list(engines)
+    configs = ([f"llama.cpp {mode}" for mode in args.llama] + [f"openvino {mode}" for mode in args.openvino]
+               + list(engines))
     print(f"{len(prompts)} prompts x {len(configs)} configurations on {cpu_model()} ({effective_isa()}), "
           f"{args.threads} threads, T={args.temperature:g}, {args.max_new_tokens} new tokens", flush=True)
     done = set()
@@ -233,6 +255,8 @@ def main() -> None:
                 continue
             if config.startswith("llama.cpp"):
                 row = run_llama(config.split()[1], bin_dir, text, args)
+            elif config.startswith("openvino"):
+                row = openvino[config.split()[1]].generate(text, args.max_new_tokens, args.temperature, args.top_p)
             else:
                 row = run_specdec(engines[config], ids, args)
                 _, method, _, quantize = parse_config(next(c for c in args.specdec if c.startswith(config + "=")))
@@ -243,6 +267,8 @@ def main() -> None:
                 sink.write(json.dumps(row) + "\n")
             shown = f"{row['decode_tok_s']:.2f} tok/s" if "decode_tok_s" in row else f"FAILED {row['errors']}"
             print(f"[{index + 1}/{len(prompts)}] {prompt.question_id:<28} {config:<34} {shown}", flush=True)
+    for worker in openvino.values():
+        worker.close()
     rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
     summary = summarise(rows)
     (out / f"summary-{run_name}.txt").write_text(summary + "\n")

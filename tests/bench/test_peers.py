@@ -51,3 +51,16 @@ def test_specdec_configurations_parse():
     assert peers.parse_config("plain=autoregressive") == ("plain", "autoregressive", 4, "none")
     with pytest.raises(ValueError, match="unknown option"):
         peers.parse_config("x=draft:k=4,colour=red")
+
+
+def test_openvino_speculative_modes_are_checked_against_its_own_plain_output():
+    def row(config, prompt, ids):
+        return dict(config=config, prompt=prompt, category="code", temperature=0, tokens=len(ids),
+                    decode_tok_s=10.0, ttft_s=1.0, token_ids=ids)
+
+    rows = [row("llama.cpp plain", "a", [1, 2, 3]), row("openvino plain", "a", [1, 2, 3]),
+            row("openvino plain", "b", [4, 5]), row("openvino lookup", "a", [1, 2, 3]),
+            row("openvino lookup", "b", [4, 6])]
+    summary = peers.summarise(rows)
+    assert "openvino lookup: 1/2 outputs identical to OpenVINO's plain decoding" in summary
+    assert "openvino plain: " not in summary
