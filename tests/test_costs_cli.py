@@ -109,3 +109,21 @@ def test_help_teaches_by_example(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["costs", "--repeats", "0"])
     assert exit_info.value.code == 2 and "must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_trees_are_timed_as_a_second_entry_that_copy_prices_trees_by(capsys, model_dirs, tmp_path):
+    from specdec.planning.costs import tree_cost_ratios
+    from specdec.proposers.scored_copy import CopyOptions
+
+    costs = tmp_path / "costs.json"
+    code, out, err = run(capsys, "costs", "--target", model_dirs["target"], *FAST, "--context", "24", "--rows", "5",
+                         "--trees", "--out", str(costs))
+    assert code == 0, err
+    chain, trees = json.loads(costs.read_text())["results"]
+    assert not chain["tree"] and trees["tree"] and list(trees["step_ms"]) == ["1", "5"]
+    assert "x chain step" in out and "timing" in err
+    points = tree_cost_ratios(costs)
+    assert points == [(int(n), ms / chain["step_ms"]["1"]) for n, ms in trees["step_ms"].items()]
+    step_costs = CopyOptions(costs=str(costs)).new_step_costs()
+    assert step_costs.tree_cost(5) == pytest.approx(max(points[1][1], step_costs.cost(5)))
+

@@ -257,11 +257,13 @@ def add_ngram_args(parser: argparse.ArgumentParser) -> None:
                            f"(default: {DEFAULT_CORPUS_TOKENS}; 0 = each request copies from itself only)")
     copy.add_argument("--copy-costs", default=None, metavar="FILE",
                       help="choose draft lengths by this `specdec costs` table instead of the engine's measured "
-                           "step times: a seeded sampled run then drafts, hence draws, the same every time")
+                           "step times: a seeded sampled run then drafts, hence draws, the same every time "
+                           "(a table written with --trees also prices --copy-trees' trees)")
     copy.add_argument("--copy-trees", action="store_true",
                       help="verify a tree of the candidates that diverge after a shared prefix, as large as the "
                            "cost curve pays for (native backend); pays where many tokens verify for about one's "
-                           "cost (a GPU), barely on a CPU (benchmarks/RESULTS.md, \"Trees of copies\")")
+                           "cost (a GPU), barely on a CPU (benchmarks/RESULTS.md, \"Trees of copies\"); a tree "
+                           "only where it beats the best chain at its own measured cost")
     lookahead = parser.add_argument_group("lookahead decoding (--method lookahead)")
     lookahead.add_argument("--lookahead-window", type=positive_int, default=4, metavar="W",
                            help="columns of the Jacobi window the target guesses ahead on (default: 4)")

@@ -24,6 +24,8 @@ examples:
       # then: the bench run's answers replayed, and their speed predicted on this machine
   specdec costs --target ./my-model --quantize w8a8 --rows 1,2,5,9,17,33 --out my-costs.json
   specdec costs --repeats 31 --context 2000      # steadier medians; agent loops' longer contexts
+  specdec costs --device cuda --trees --rows 1,5,9,17,33 --out gpu-costs.json
+      # a GPU: trees timed too; `specdec generate --method copy --copy-trees --copy-costs gpu-costs.json`
 
 A replay prices a step that drafts d tokens as one target forward of 1 + d tokens, in multiples
 of a 1-token step, and each draft-model forward in the same unit: this command measures those
@@ -64,6 +66,10 @@ def add_costs_command(sub) -> None:
     costs.add_argument("--draft-context", type=positive_int, default=None, metavar="N",
                        help="cached tokens before the draft's timed forwards (default: 320, the most of a "
                             "prompt a draft reads and 64 tokens after it)")
+    costs.add_argument("--trees", action="store_true",
+                       help="also time the target verifying a draft tree of as many tokens as each row (a second "
+                            "entry, \"tree\": true): on a GPU a tree's step costs more than a chain's, and "
+                            "--copy-costs FILE then prices --copy-trees by it (default: chains only)")
     costs.add_argument("--draft-rows", default=None, metavar="N,N,...",
                        help="new tokens per timed draft forward, at least two (default: 1,2,9,64: drafting, "
                             "a catch-up after copied steps, a prompt chunk)")
@@ -87,14 +93,14 @@ def _output_path(text: str) -> Path:
     return path
 
 
-def _timed_entry(model, context: int, rows: list[int], repeats: int) -> dict:
+def _timed_entry(model, context: int, rows: list[int], repeats: int, tree: bool = False) -> dict:
     from tqdm.auto import tqdm
 
     from specdec.analysis.machine_costs import forwards_per_model, model_costs
 
-    with tqdm(total=forwards_per_model(rows, repeats), desc=f"timing {model.name}", unit="forward",
-              file=sys.stderr) as bar:
-        return model_costs(model, context, rows, repeats, on_forward=bar.update)
+    with tqdm(total=forwards_per_model(rows, repeats), desc=f"timing {model.name}{' trees' if tree else ''}",
+              unit="forward", file=sys.stderr) as bar:
+        return model_costs(model, context, rows, repeats, tree=tree, on_forward=bar.update)
 
 
 def cmd_costs(args) -> int:
@@ -114,9 +120,13 @@ def cmd_costs(args) -> int:
         draft = load_model(args.draft, device=args.device, dtype=args.dtype, quantize=args.draft_quantize,
                            head_vocab=args.draft_vocab, role="draft")
         check_fits(draft, draft_context, draft_rows, "--draft-context")
-    entry = _timed_entry(target, args.context, rows, args.repeats)
+    if args.trees and target.backend != "native":
+        raise ValueError("--trees needs the native backend (a transformers runner verifies no trees)")
+    entries = [_timed_entry(target, args.context, rows, args.repeats)]
+    if args.trees:
+        entries.append(_timed_entry(target, args.context, rows, args.repeats, tree=True))
     draft_entry = None if draft is None else _timed_entry(draft, draft_context, draft_rows, args.repeats)
-    table = cost_file(target.runner.device, [entry], draft_entry)
+    table = cost_file(target.runner.device, entries, draft_entry)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
     print(_describe(table))
@@ -132,9 +142,13 @@ def _describe(table: dict) -> str:
              f"target:  {target['format']}, {target['context']} cached tokens, prefill "
              f"{target['prefill_tok_s']:.0f} tok/s{_read(target)}", f"  {'tokens':>6} {'ms':>9} {'x step':>8}"]
     lines += [f"  {n:>6} {ms:>9.2f} {target['ratio'][n]:>7.2f}x" for n, ms in target["step_ms"].items()]
+    unit = target["step_ms"][1]
+    for trees in table["results"][1:2]:
+        lines += [f"trees:   {trees['format']}, a draft tree of tokens - 1 nodes", f"  {'tokens':>6} {'ms':>9} "
+                  f"{'x chain step':>13}"]
+        lines += [f"  {n:>6} {ms:>9.2f} {ms / unit:>12.2f}x" for n, ms in trees["step_ms"].items()]
     draft = table.get("draft")
     if draft is not None:
-        unit = target["step_ms"][1]
         lines += [f"draft:   {draft['format']}, {draft['context']} cached tokens{_read(draft)}",
                   f"  {'tokens':>6} {'ms':>9} {'x target step':>14}"]
         lines += [f"  {n:>6} {ms:>9.2f} {ms / unit:>13.2f}x" for n, ms in draft["step_ms"].items()]
