@@ -123,6 +123,14 @@ def test_the_runtime_never_imports_the_layers_above_it():
     assert in_layer("specdec.analysis.replay", ABOVE_RUNTIME) and not in_layer("specdec.cli_x", ABOVE_RUNTIME)
 
 
+def test_the_research_layers_point_one_way():
+    """analysis/ (replay, prediction, endpoint checks) reads bench/'s runs, prompts and OpenAI client;
+    bench/ never reads analysis/: one arrow, so either can change below the other's line."""
+    graph = import_graph(module_texts())
+    assert "specdec.bench.openai_client" in graph["specdec.analysis.endpoint_verify"]
+    assert upward_imports(graph, ("bench",), ("analysis",)) == {}
+
+
 def test_a_circle_hidden_in_a_function_is_found():
     texts = {"specdec.a": ("from specdec.b import f\n", False),
              "specdec.b": ("def g():\n    from specdec.pkg import c\n", False),

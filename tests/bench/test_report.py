@@ -108,7 +108,7 @@ def _variant(row, *, k=None, lenience=1.0, **extra):
 
 
 def test_auto_k_and_lossy_rows_get_their_own_labels_quality_and_percentiles(rows, tmp_path):
-    from specdec.analysis.predicted import is_fixed_k
+    from specdec.bench.report import is_fixed_k
 
     plain = [r for r in rows if r["method"] == "autoregressive"]
     draft = [r for r in rows if r["method"] == "draft" and not r.get("error")]

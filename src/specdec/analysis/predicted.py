@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from specdec.analysis.measure import StepCosts
+from specdec.bench.report import is_fixed_k
 from specdec.planning.theory import expected_tokens_per_loop, optimal_k, walltime_speedup
 
 
@@ -41,11 +42,6 @@ def prediction_rows(alpha: dict[str, dict], costs: StepCosts, ks: list[int],
                            measured_over_with_costs=speedup / with_costs)
             rows.append(row)
     return rows
-
-
-def is_fixed_k(meta: dict) -> bool:
-    """A bench report's method entry with one fixed k >= 1 and exact verification (what the k-curves plot)."""
-    return isinstance(meta["k"], int) and meta["k"] > 0 and meta.get("lenience", 1.0) == 1.0
 
 
 def measured_by_category(temperature_block: dict, method: str = "draft") -> dict[str, dict[int, dict]]:

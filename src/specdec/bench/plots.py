@@ -12,8 +12,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from specdec.analysis.predicted import is_fixed_k
-from specdec.bench.report import OVERALL
+from specdec.bench.report import OVERALL, is_fixed_k
 
 
 def _model_names(report: dict) -> str:

@@ -19,10 +19,14 @@ import math
 import statistics
 from collections import defaultdict
 
-from specdec.analysis.predicted import is_fixed_k
 from specdec.bench.harness import AUTOREGRESSIVE
 
 OVERALL = "overall"
+
+
+def is_fixed_k(meta: dict) -> bool:
+    """A bench report's method entry with one fixed k >= 1 and exact verification (what the k-curves plot)."""
+    return isinstance(meta["k"], int) and meta["k"] > 0 and meta.get("lenience", 1.0) == 1.0
 
 
 def _median_rate(rows: list[dict], seconds: str = "seconds") -> float:
