@@ -133,10 +133,10 @@ def measure_bandwidth(megabytes: int | None = None, repeats: int = 5, pages: tor
     else a buffer of 256 MB, or four times the last-level cache where that is larger (VMs on hosts
     with 480 MB of L3 report it, and a 256 MB sum then partly reads cache), on 2 MB pages where the
     system gives them. Why the weights' own pages first: on a 2-core Zen 4 VM the same 256 MB buffer
-    read ~34 or ~60 GB/s depending on where it landed, so a buffer of its own measured its placement,
-    not the floor of the reads a step makes (the draft's step at 93% or 55-62% of it in one process;
-    benchmarks/RESULTS.md, "w4a8: one block at a time"). The weights are read by an int32 maximum,
-    which any bytes allow and which streams as fast as a float sum (an int32 sum does not)."""
+    read at one of two rates far apart depending on where it landed, so a buffer of its own measured
+    its placement, not the floor of the reads a step makes (benchmarks/RESULTS.md, "w4a8: one block
+    at a time (issue 38, items 1 and 3)"). The weights are read by an int32 maximum, which any
+    bytes allow and which streams as fast as a float sum (an int32 sum does not)."""
     if megabytes is None:
         megabytes = min(4096, max(256, 4 * last_level_cache_bytes() // 2**20))
     if pages is not None and pages.numel() >= megabytes * 2**20 and pages.numel() % 4 == 0:

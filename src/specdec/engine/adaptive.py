@@ -212,8 +212,9 @@ class AdaptiveK:
         # Each proposer's cost, once per choice (a median over its recent steps; None: never measured).
         draft_s = {source.name: self._costs(source.name).predictor() for offer in offered for source in offer}
         # A source never measured is tried first (its first steps measure it), unless it would first read
-        # a backlog (a draft model's prompt: ~0.3 s on the AMX Xeon) while a measured source is on offer:
-        # that one drafts, and the new one waits for a step the others cannot draft.
+        # a backlog (a draft model's prompt, several target steps' worth: benchmarks/RESULTS.md,
+        # "ngram+draft: each row's source chosen by -k auto (issue 38, item 5)") while a measured source
+        # is on offer: that one drafts, and the new one waits for a step the others cannot draft.
         unmeasured = False
         for b, offer in enumerate(offered):
             known = tuple(source for source in offer if draft_s[source.name] is not None)

@@ -3,11 +3,13 @@
 Speculative decoding pays only if a forward over k+1 tokens costs about as much
 as over one (Leviathan et al. 2022, section 3.4: the verifier is memory-bound).
 On CPUs, PyTorch's default fp32 path for nn.Linear (MKL sgemm) is memory-bound
-for one token but turns compute-inefficient for 2..8 rows: measured on the
-2-core AMD EPYC these numbers come from, a 8960x1536 projection takes 3.2 ms for 1 row and
-11.6 ms for 5, while oneDNN's linear with a pre-packed weight takes 3.5 ms and
-4.3 ms. On the whole Qwen2.5-Coder-1.5B, a 5-token forward drops from ~1.0 s to
-~0.5 s (1 token: ~0.36 s -> ~0.31 s). Same math, same fp32 results up to summation order.
+for one token but turns compute-inefficient for 2..8 rows: a few rows cost several
+times one row, while oneDNN's linear with a pre-packed weight costs about the same
+for one row or a few, so a forward over k+1 tokens costs little more than over one.
+Same math, same fp32 results up to summation order. Per projection: benchmarks/RESULTS.md,
+"4-bit targets on specdec's own kernel, attention in one call: w4a8 (issue 19, second part)"
+(`python benchmarks/native_kernels.py`); on whole models: benchmarks/RESULTS.md,
+"specdec vs transformers assisted generation (issue 2)".
 """
 
 from __future__ import annotations

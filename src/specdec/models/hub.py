@@ -336,9 +336,9 @@ def _read_marker(name: str) -> dict | None:
 def _damage(name: str, marker: dict, hashes: bool) -> str | None:
     """What is wrong with the cached files against the marker's record, or None.
 
-    Sizes cost a stat per file; hashes read every byte (2.5-3.8 s for the 1.5B target's
-    3.55 GB model.safetensors on a 2-core AMD EPYC), which is why only `specdec models
-    fetch` (repair), `verify` and `doctor` ask for them.
+    Sizes cost a stat per file; hashes read every byte (seconds for the 1.5B target's
+    model.safetensors on a 2-core CPU), which is why only `specdec models fetch` (repair),
+    `verify` and `doctor` ask for them.
     """
     path = _cache_dir(name)
     for relative, record in sorted(marker["files"].items()):
@@ -503,13 +503,14 @@ def fetch(name: str, progress: bool = True, *, repair: bool = False) -> Path:
     A converted file that is missing or has another size than recorded raises
     CorruptCacheError, telling the user to run ``specdec models fetch NAME``; that
     command passes ``repair=True``, which also compares every file's sha256 with the
-    record and converts the model again if anything differs. Loads check sizes only
-    (0.3 ms): hashing the 1.5B target's 3.55 GB takes 2.5-3.8 s on a 2-core AMD EPYC
-    (1.4-0.94 GB/s with SHA-NI, the other core idle or busy), 27-40% on top of its
-    9.2 s load_model, paid by every command and test process that loads it. A cut file
-    (the likely damage: a full disk, a copy stopped half way) changes size; a flipped
-    byte does not, and ``verify_cache`` (``specdec models verify``, ``specdec doctor``)
-    finds that.
+    record and converts the model again if anything differs. Loads check sizes only,
+    a stat per file: hashing the 1.5B target's gigabytes takes seconds on a 2-core CPU, even
+    with SHA-NI, a large part on top of its load_model (load time: benchmarks/RESULTS.md, "An
+    AVX2-only CPU: w4a8 that counts its multiplies, attention that keeps the cores busy, a
+    controller that counts the draft's prefill (issue 19, third part)"), paid by every command
+    and test process that loads it. A cut file (the likely damage: a full disk, a copy
+    stopped half way) changes size; a flipped byte does not, and ``verify_cache``
+    (``specdec models verify``, ``specdec doctor``) finds that.
     """
     spec = _spec(name)
     final = _cache_dir(name)

@@ -6,9 +6,8 @@ boundary (a w4a8 block's 12 KB stream crosses one every 16 groups) and the TLB m
 4 KB, which a virtual machine's nested page walk makes dear. The weights' bytes and arithmetic are
 the same on either page size: only the time to fetch them moves. Measured on a 2-core Zen 4 EPYC, both
 forms in one process (benchmarks/page_size_ab.py; benchmarks/RESULTS.md, "Weights on 2 MB pages: every
-forward 2-10% faster, the same bits (issue 38)"): the 1.5B target's w4a8 step after 800 cached tokens
-took 0.90-0.98x the time, a 9-token verification 0.95-0.96x, the 0.5B draft's step 0.93x; prefill,
-which is arithmetic-bound, 1.00x.
+forward 2-10% faster, the same bits (issue 38)"): the 1.5B target's w4a8 step, its 9-token verification
+and the 0.5B draft's step all took less time; prefill, which is arithmetic-bound, took the same.
 
 PyTorch's allocator can do the same for every allocation of 2 MB or more (THP_MEM_ALLOC_ENABLE=1),
 but only when that variable is set before torch's first allocation, which a library imported after

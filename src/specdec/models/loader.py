@@ -83,7 +83,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     target takes w8a8 on VNNI/AMX CPUs, else none, and a draft int4 in bf16, else none
     (a draft's precision changes only the speed, never the output).
     cpu_linear (hf backend): "auto" packs linear layers for oneDNN on CPU in
-    fp32 (see cpu_linear.py; about 2x cheaper verification of k+1 tokens),
+    fp32 (see cpu_linear.py: verifying k+1 tokens then costs little more than one),
     "torch" keeps stock nn.Linear, "onednn" insists on packing.
     head_vocab (native backend): the output head scores only this many tokens,
     the most frequent ones (a reduced-vocabulary draft head, reduced_vocab.py).

@@ -30,9 +30,10 @@ class RecentTimes:
         For the same reason no x costs more than a larger x seen: a median above a
         larger x's is lowered to it. Why: -k auto's first plain step is one sample
         of x = 1, and once drafting is chosen no plain step comes to correct it; a
-        first step slowed by a neighbour (30 ms where steps take 3) made one drafted
-        token look cheaper than none, so a draft that was never right kept being
-        asked, step after step (tests/engine/test_adaptive.py).
+        first step slowed many times over by a neighbour made one drafted token look
+        cheaper than none, so a draft that was never right kept being asked, step
+        after step (tests/engine/test_adaptive.py; benchmarks/RESULTS.md, "w4a8: tiles
+        of 2 rows or more prefetch their weights (issue 38, item 1)").
         """
         by_x: dict[float, list[float]] = {}
         for x, y in self.samples:

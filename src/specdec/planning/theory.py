@@ -126,8 +126,8 @@ def best_k(rates: float | Sequence[float], draft_step_s: float, verify_s: Callab
 def speedup_from_step_times(tokens_per_loop: float, k: int, draft_step_s: float, target_step_s: float) -> float:
     """Speedup from measured quantities: tokens per loop x one target step / (k draft steps + one target step).
 
-    The worked example of the seed document: 0.8125 accepted per position of
-    k + 1 = 5, a 73.3 ms target step and an 11.9 ms draft step:
+    For example (the seed document's worked example, in any one unit of time): 0.8125
+    accepted per position of k + 1 = 5, a target step of 73.3 and a draft step of 11.9:
     >>> round(speedup_from_step_times(0.8125 * 5, 4, 11.9, 73.3), 2)
     2.46
     """

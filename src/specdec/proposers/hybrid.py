@@ -28,8 +28,9 @@ from specdec.proposers.draft_model import DraftModelProposer
 DRAFT = Source("draft", reads_backlog=True)
 # The draft model's window of the prompt under ngram+draft (the draft method's: CONTEXT_WINDOW, 256). Each
 # request's draft first reads this much of its prompt, 64 tokens a step, before it can draft: 256 took
-# four steps of ~85 ms on the AMX Xeon, a cost the lookup never pays, in a request whose long context
-# the lookup copies from anyway (benchmarks/RESULTS.md, "ngram+draft: each row's source chosen").
+# four steps, several target steps' worth of time on the AMX Xeon, a cost the lookup never pays, in a
+# request whose long context the lookup copies from anyway (benchmarks/RESULTS.md, "ngram+draft: each
+# row's source chosen by -k auto (issue 38, item 5)").
 DRAFT_CONTEXT_WINDOW = 64
 
 

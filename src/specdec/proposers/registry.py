@@ -51,19 +51,22 @@ def head_kind(method: str) -> str | None:
 def default_method(device_type: str) -> str:
     """What `--method auto` runs: the fastest lossless method measured on that kind of device.
 
-    CPU: ngram (prompt lookup) with -k auto. In the peer runs of benchmarks/RESULTS.md it
-    was specdec's fastest configuration on both CPUs measured, and at least specdec's own
-    plain decoding in every category: on an AVX2 EPYC 1.24x llama.cpp's plain decoding
-    overall against 0.91x for the draft model with -k auto (whose step costs ~0.4 of the
-    target's there, too dear for prose acceptance), on an AVX-512 EPYC 0.95-1.07x against
-    0.69x. It also loads no draft model.
+    CPU: ngram (prompt lookup) with -k auto. In the peer runs it was specdec's fastest
+    configuration on both CPUs measured, and at least specdec's own plain decoding in every
+    category, ahead of the draft model with -k auto, whose step costs a large share of the
+    target's, too dear for prose acceptance (an AVX2 EPYC: benchmarks/RESULTS.md, "An AVX2-only
+    CPU: w4a8 that counts its multiplies, attention that keeps the cores busy, a controller that
+    counts the draft's prefill (issue 19, third part)"; an AVX-512 EPYC: benchmarks/RESULTS.md,
+    "4-bit targets on specdec's own kernel, attention in one call: w4a8 (issue 19, second part)").
+    It also loads no draft model.
 
-    CUDA: ngram too. On an H100 (RESULTS.md, "Exact on a GPU") specdec's steps are bound by
-    kernel launches, not by the GPU: the 0.5B draft's step costs 24 ms against the 1.5B
-    target's 26-27 ms, so drafting k tokens costs k target steps, and even a draft whose
-    every token is accepted (the target drafting for itself, tau 4.57) ran at 1.0-1.2x,
-    while a 64-token verification costs what one token does, which ngram needs. Revisit
-    when the step is captured in CUDA graphs and a draft step costs its weights' read.
+    CUDA: ngram too. On an H100 specdec's steps are bound by kernel launches, not by the GPU:
+    the 0.5B draft's step costs as much as the 1.5B target's, so drafting k tokens costs k
+    target steps, and even a draft whose every token is accepted (the target drafting for
+    itself) barely beat plain decoding, while a 64-token verification costs what one token
+    does, which ngram needs (benchmarks/RESULTS.md, "Exact on a GPU: one step shape on CUDA
+    (exactness, first GPU lease)"). Revisit when the step is captured in CUDA graphs and a
+    draft step costs its weights' read.
     """
     return "ngram"
 

@@ -7,9 +7,9 @@ number of accepted drafts of a tree is the sum of its nodes' path probabilities,
 and the best nodes to verify are the most confident ones: exactly the order in
 which the proposer adds them. What EAGLE-2 fixes by hand is how many: 60 on a GPU,
 where 60 more tokens in a forward cost almost nothing. On a CPU every node is a
-token of compute (benchmarks/RESULTS.md, "Tree verification cost": 8 nodes cost
-1.34x a one-token step in bf16, 64 nodes 6.9x on a Zen 4 EPYC), so the right size
-depends on the machine and on how confident the head is, step by step.
+token of compute (8 nodes cost more than a one-token step, 64 nodes several times it:
+benchmarks/RESULTS.md, "Tree verification cost on an AVX512-BF16 CPU (issue 20)"), so the
+right size depends on the machine and on how confident the head is, step by step.
 
 TreeBudget chooses it as adaptive k (engine/adaptive.py) chooses a chain's length:
 

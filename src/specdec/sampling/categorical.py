@@ -5,9 +5,9 @@ speculative step (rejection.py), a tree walk's last token (tree.py), a draft mod
 proposals (warp.sample_from_probs).
 
 Why not `torch.multinomial`: on a CPU it builds the whole cumulative distribution in float64 one
-entry after another, 3.1 ms a draw over the 151,936-token vocabulary of the embedded models on a
-2-core Zen 4 EPYC (about a tenth of the target's 1-token step, and a draft model at T > 0 pays it
-for every drafted token; benchmarks/RESULTS.md, "Sampling without torch.multinomial, top-p without
+entry after another, a sizeable share of the target's 1-token step for each draw over the 151,936-token
+vocabulary of the embedded models on a 2-core Zen 4 EPYC, and a draft model at T > 0 pays it for
+every drafted token (benchmarks/RESULTS.md, "Sampling without torch.multinomial, top-p without
 a sort"). Here the vocabulary is cut into blocks of BLOCK entries: the blocks' masses (float64 sums, which vectorize),
 their cumulative sum, the block that holds the draw, then the cumulative sum of that one block.
 Token i is drawn with probability p_i / sum(p) up to float64 rounding, as with multinomial's

@@ -98,14 +98,15 @@ def outside_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     while the mass strictly before it is below top_p, so the kept set is the smallest prefix
     reaching top_p (the top token always stays).
 
-    Why candidates: sorting a row of the embedded models' 151,936 probabilities took 11.8 ms on a
-    2-core Zen 4 EPYC, and every warped row paid it (each verified position, each drafted token):
-    top_p = 0.9 cost 47 ms at 5 rows, more than the forward it followed. The largest 256 (0.3 ms)
-    nearly always hold the nucleus of a language model's distribution; a row whose candidates hold
-    less than top_p tries 4096, then the whole row. Within the candidates the sums are the whole
-    sort's, prefix for prefix, so the kept set is the same (benchmarks/RESULTS.md, "Sampling without
-    torch.multinomial, top-p without a sort"). On CUDA, where the sort is cheap, the whole row is
-    sorted at once (no host sync to find the rows that need more).
+    Why candidates: sorting a row of the embedded models' 151,936 probabilities is slow on a CPU,
+    and every warped row paid it (each verified position, each drafted token): on a 2-core Zen 4
+    EPYC top_p = 0.9 at 5 rows cost more than the forward it followed. The largest 256, found for a
+    small fraction of a sort's cost, nearly always hold the nucleus of a language model's
+    distribution; a row whose candidates hold less than top_p tries 4096, then the whole row.
+    Within the candidates the sums are the whole sort's, prefix for prefix, so the kept set is the
+    same (benchmarks/RESULTS.md, "Sampling without torch.multinomial, top-p without a sort"). On
+    CUDA, where the sort is cheap, the whole row is sorted at once (no host sync to find the rows
+    that need more).
     """
     flat = probs.reshape(-1, probs.shape[-1])
     vocab = flat.shape[-1]

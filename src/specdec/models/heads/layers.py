@@ -46,9 +46,10 @@ class FrozenVocabulary(nn.Module):
         return nn.functional.linear(features.to(self.output_weight.dtype), self.output_weight).float()
 
     def quantize_output(self, quantize: str) -> None:
-        """Drafting scores the head's vocabulary through the target's weight format (w4a8: 1.7 ms
-        instead of 14 ms for 32,768 rows on an AVX2 EPYC). Only drafts change, never the output:
-        verification is exact. The dense rows stay (training and export read them)."""
+        """Drafting scores the head's vocabulary through the target's weight format: in dense fp32 the
+        output matrix alone cost several times the w4a8 kernel per draft token (benchmarks/RESULTS.md,
+        "EAGLE-3 heads trained on a 2-core CPU (issue 20, first part)"). Only drafts change, never the
+        output: verification is exact. The dense rows stay (training and export read them)."""
         self.__dict__["_fast_output"] = make_linear(self.output_weight, None, dtype=self.output_weight.dtype,
                                                     device=self.output_weight.device, quantize=quantize)
 

@@ -9,7 +9,7 @@ config.json (speculators' Eagle3SpeculatorConfig, serialized):
                           rope_theta, vocab_size = the target's, num_hidden_layers = 1, ...)
   draft_vocab_size        rows of lm_head
   norm_before_residual    the first layer's residual is hidden_norm(h), not h
-  target_hidden_size      the target's hidden size (fc reads 3x it)
+  target_hidden_size      the target's hidden size (fc reads three times it)
   eagle_aux_hidden_state_layer_ids  the target layers whose inputs fc fuses
   speculators_config      algorithm "eagle3", proposal_methods [{"proposal_type": "greedy",
                           "speculative_tokens": k, ...}], default_proposal_method,

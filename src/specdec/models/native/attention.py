@@ -40,11 +40,11 @@ A tree's nodes read the cached prefix in place and gather only their near keys
 (TreeKeys, tree_attention): blocked_attention's terms per block (block_terms)
 from two calls, concatenated in block order, then combined (combine_blocks).
 
-Cost of the PyTorch form, measured on a 2-core AVX512-BF16 EPYC (Qwen2.5-1.5B heads, one layer,
-`python benchmarks/attention_invariance.py`): at 128-512 cached tokens a decode step's
-attention takes ~165-225 us against ~110-170 us for the unblocked two-matmul
-form; at 4k tokens ~1.9 ms against ~0.75 ms, most of it the fp32 copies of
-keys and values (a blocked fp32 cache layout would remove them).
+Cost of the PyTorch form (Qwen2.5-1.5B heads, one layer, `python benchmarks/attention_invariance.py`):
+at a few hundred cached tokens a decode step's attention costs somewhat more than the unblocked
+two-matmul form, at 4k tokens much more, most of it the fp32 copies of keys and values
+(a blocked fp32 cache layout would remove them). On whole steps: benchmarks/RESULTS.md, "Exact on
+every machine: batch-invariant decoding (issue 18)".
 """
 
 from __future__ import annotations
@@ -108,8 +108,9 @@ def block_terms(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     # An all-masked block's max is -inf; the floor keeps exp(-inf - max) at 0 instead of NaN.
     block_max = scores.amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(torch.float32).min)
     # Weights below e^-60 (1e-26 of the block's largest) become exactly 0: they are far below
-    # fp32's resolution, and as denormals they cost ~40x per op on some CPUs (measured on an
-    # AVX2 path: a decode step 12% slower). Masked keys (-inf) stay exactly 0.
+    # fp32's resolution, and as denormals they cost many times a normal op on some CPUs, enough to slow
+    # a decode step on an AVX2 path (benchmarks/RESULTS.md, "Exact on every machine: batch-invariant
+    # decoding (issue 18)"). Masked keys (-inf) stay exactly 0.
     weights = torch.nn.functional.threshold_(scores.sub_(block_max), NEGLIGIBLE_EXPONENT, float("-inf")).exp_()
     block_sums = weights.sum(dim=-1, keepdim=True)  # a fixed-length (KEY_BLOCK) reduction per row
     block_outs = torch.matmul(weights, value_blocks)  # [B, Hkv, Q, nb, M, D], K = KEY_BLOCK
@@ -358,8 +359,8 @@ def grouped_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     query [B, Hq, T, D]; keys, values [B, Hkv, S, D]; mask [B, 1, T, S] bool or None -> [B, Hq, T, D].
     Query heads h = j * G + g share kv head j, so a reshape puts each group's
     G x T queries against its one kv head without copying keys. For decoding's
-    few queries this beats SDPA's CPU kernel several times over in bf16
-    (90 vs 480 us per layer at T=1, S=400); softmax runs in fp32 as in transformers.
+    few queries this beats SDPA's CPU kernel several times over in bf16 (one query
+    over a few hundred keys); softmax runs in fp32 as in transformers.
     """
     batch, query_heads, steps, dim = query.shape
     kv_heads, key_length = keys.shape[1], keys.shape[2]

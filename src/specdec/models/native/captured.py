@@ -1,8 +1,9 @@
 """Fixed-shape steps, recorded once as CUDA graphs and replayed (docs/architecture.md, "Captured steps").
 
 Launched op by op from Python, a CUDA forward of the native decoder is some 1,700 small
-kernels. It costs 26-31 ms on an H100 or H200 whatever it computes (benchmarks/RESULTS.md,
-"Exact on a GPU"), where reading the 1.5B target's weights takes ~1 ms. A fixed-step runner
+kernels. On an H100 or H200 it costs the same whatever it computes, many times what reading the
+1.5B target's weights takes (benchmarks/RESULTS.md, "Exact on a GPU: one step shape on CUDA
+(exactness, first GPU lease)"): the launches, not the GPU, set the step. A fixed-step runner
 (NativeRunner.step_tokens) already gives every forward the same shapes. So each step can be
 recorded once (torch.cuda.CUDAGraph) and then replayed with new inputs written into static
 buffers. gpt-fast's `reduce-overhead` mode does the same over a static cache.
@@ -99,8 +100,9 @@ class FixedSteps:
 
     forward() takes a padded step (every row exactly `width` new tokens) and returns fresh
     tensors: a replay's outputs live in the graph's buffers, which the next replay overwrites,
-    so they are cloned ([rows, 64, V] fp32, 39 MB a row of the 1.5B target: read and written at the
-    H200's measured 4.3 TB/s, ~20 us against a 7 ms step)."""
+    so they are cloned ([rows, 64, V] fp32, 39 MB a row of the 1.5B target: at the H200's bandwidth
+    a small fraction of a replayed step; benchmarks/RESULTS.md, "CUDA graphs: the fixed step recorded
+    once and replayed (issue 40, H200)")."""
 
     def __init__(self, decoder: NativeDecoder, cache: StaticKVCache, capture: bool) -> None:
         self.decoder, self.cache, self.capture = decoder, cache, capture

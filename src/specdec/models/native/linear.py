@@ -10,13 +10,13 @@ as in gpt-fast) and `_weight_int4pack_mm_for_cpu` (group-wise asymmetric
 scales, the "tinygemm" layout of torchao).
 
 Weight-only kernels dequantize per row of activations, so their cost grows
-with every row (verifying k+1 tokens costs nearly k+1 steps: 0.7 ms for one
-row of the 17920 x 1536 gate/up matrix in int4, 3.9 ms for nine). "w8a8"
+with every row (verifying k+1 tokens costs nearly k+1 steps). "w8a8"
 quantizes the activations too and multiplies in integers (oneDNN's VNNI/AMX
-kernels, the path of PyTorch's x86 inductor quantization): 0.6 ms for one row,
-1.0 for nine on the same CPU, and exact integer sums need no care for batch
-invariance. "w4a8" (w4a8.py) does the same with 4-bit weights on specdec's own
-kernel, exact on every x86 path.
+kernels, the path of PyTorch's x86 inductor quantization): nine rows cost little
+more than one, and exact integer sums need no care for batch invariance. Both per
+projection: benchmarks/RESULTS.md, "Against llama.cpp on the same CPU: w8a8 targets,
+the draft's prefill, peers.py (issue 19, first part)". "w4a8" (w4a8.py) does the same
+with 4-bit weights on specdec's own kernel, exact on every x86 path.
 """
 
 from __future__ import annotations
@@ -109,11 +109,11 @@ def can_pack_for_cpu(device: torch.device, dtype: torch.dtype) -> bool:
 class PackedLinear(nn.Module):
     """fp32 or bf16 weights reordered once into oneDNN's blocked layout (what inductor's CPU backend does).
 
-    Measured on the 2-core AVX512-BF16 EPYC (benchmarks/native_kernels.py, the
-    17920 x 1536 gate/up matrix): bf16 takes ~0.9 ms for 1 row and ~1.2 ms
-    for 9, against ~1.6 / 1.9 ms for F.linear on the same bf16 weight, which
-    reorders it on every call. A flat cost from 1 to 9 rows is what makes
-    verifying k drafts nearly free.
+    On a 2-core AVX512-BF16 EPYC it costs less than F.linear on the same bf16 weight,
+    which reorders it on every call, and about the same from 1 to 9 rows (the 17920 x 1536
+    gate/up matrix, `python benchmarks/native_kernels.py`; benchmarks/RESULTS.md, "Against
+    llama.cpp on the same CPU: w8a8 targets, the draft's prefill, peers.py (issue 19, first
+    part)"). A flat cost from 1 to 9 rows is what makes verifying k drafts nearly free.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -201,10 +201,11 @@ class W8A8Linear(nn.Module):
 
     Two kernels give the same bits on VNNI CPUs (tests compare them): specdec's own (kernels/w8a8.cpp),
     used wherever it compiles, and oneDNN's qlinear otherwise, with the activations as u8 and
-    zero point 128 (its s8 x s8 path is a reference loop: 300 ms for one row of a 17920 x 1536
-    matrix, measured). Ours streams the w4a8 target's output head, the largest matrix a step
-    reads, at ~30 GB/s where oneDNN read it at ~20 on a 2-core Zen 4 (7.7 against 11.4 ms a
-    step; `python benchmarks/native_kernels.py --head`).
+    zero point 128 (its s8 x s8 path is a reference loop, orders of magnitude slower). Ours
+    streams the w4a8 target's output head, the largest matrix a step reads, faster than
+    oneDNN's qlinear on a 2-core Zen 4 (`python benchmarks/native_kernels.py --head`;
+    benchmarks/RESULTS.md, "Faster CPU steps with the same bits: w4a8 tiles, the output head,
+    activation quantization (issues 20 and 21)").
 
     Batch invariance by construction: an integer sum has no rounding, so its order (the kernel,
     the row count) cannot change it; what is rounded (the row scale, the two products) is

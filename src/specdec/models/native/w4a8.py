@@ -2,9 +2,10 @@
 
 Verification reads every weight once for k+1 tokens, so what a quantized target
 needs is few bytes per weight *and* a cost that stays flat as rows are added.
-PyTorch's 4-bit CPU kernel dequantizes per row (5 rows cost 3x one row), so
-this kernel unpacks each 64-byte block of nibbles once and feeds it to every
-row with integer dot products (VNNI's vpdpbusd, or vpmaddubsw on AVX2 and
+PyTorch's 4-bit CPU kernel dequantizes per row (5 rows cost several times one row:
+benchmarks/RESULTS.md, "4-bit targets on specdec's own kernel, attention in one call: w4a8
+(issue 19, second part)"), so this kernel unpacks each 64-byte block of nibbles once and
+feeds it to every row with integer dot products (VNNI's vpdpbusd, or vpmaddubsw on AVX2 and
 AVX-512, which cannot saturate on 4-bit x 8-bit products). The integer sums are
 exact and the float part has a fixed order per output, so the result does not
 depend on the row count (batch invariance by construction) nor on the
@@ -15,8 +16,9 @@ where scale = d * sc and min = dmin * mn; sc and mn are 8-bit codes per group, d
 super-block of 8 groups (256 inputs). 4.625 bits per weight: 7.5% fewer bytes than fp16 scale and min
 per group (GGUF's Q4_1, 5 bits, this module's earlier format), which a memory-bound step reads as
 time. Each group's codes are the best of their 9 neighbours by squared error: the embedded models
-came as GGUF Q4_K_M, and the search finds the grids they were quantized on (0.83x the old format's
-weight error on the 1.5B target; benchmarks/RESULTS.md, "Q4_K-style codes").
+came as GGUF Q4_K_M, and the search finds the grids they were quantized on (less weight error than
+the old format on the 1.5B target: benchmarks/RESULTS.md, "w4a8 weights in Q4_K-style codes: fewer
+bytes, less error (issues 20 and 21, step cost)").
 
 The kernel is compiled on first use (kernels/__init__.py) into the cache directory.
 """

@@ -7,9 +7,10 @@
 - layer_ops.cpp: RMSNorm, and the q/k/v split with RoPE, of models/native/model.py in one call each.
 - block.cpp: a whole decoder block of a w4a8 model (model.py's Block) for a chain of new tokens.
 
-One library, built with torch.utils.cpp_extension (g++ and ninja; about 30 s, once per
-PyTorch version), registered as torch.ops.specdec_w4a8, torch.ops.specdec_w8a8, torch.ops.specdec_attention,
-torch.ops.specdec_layer and torch.ops.specdec_block.
+One library, built with torch.utils.cpp_extension (g++ and ninja; well under a minute, once per
+PyTorch version: benchmarks/RESULTS.md, "4-bit targets on specdec's own kernel, attention in one
+call: w4a8 (issue 19, second part)"), registered as torch.ops.specdec_w4a8, torch.ops.specdec_w8a8,
+torch.ops.specdec_attention, torch.ops.specdec_layer and torch.ops.specdec_block.
 Where it cannot be built, `load()` says why and the callers keep PyTorch's own kernels.
 """
 
@@ -36,7 +37,7 @@ def build_directory() -> Path:
     return directory
 
 
-STALE_LOCK_S = 300  # a build takes ~30 s; a lock this old was left by a process killed while holding it
+STALE_LOCK_S = 300  # many times a build's time; a lock this old was left by a process killed while holding it
 
 
 def clear_stale_lock(build: Path, max_age_s: float = STALE_LOCK_S) -> bool:
