@@ -52,11 +52,18 @@ class SpecEngine:
     >>> engine = SpecEngine(target_runner, DraftModelProposer(draft_runner), tokenizer, k=4)
     >>> engine.generate("def fib(n):", SamplingParams(temperature=0), max_new_tokens=64).text
 
-    k="auto" lets an AdaptiveK (engine/adaptive.py) choose each step's k in
-    0..max_k from the request's recent acceptance and the measured step costs.
-    reuse_prefix: prompt caching across requests (BatchEngine's prompt_cache: exact wherever a
-    forward in pieces equals one forward, the native runner's chunking invariance; not the
-    transformers backend, nor proposers that read the target's features).
+    Args:
+        target: the model whose distribution the output keeps (a ModelRunner: models/native or the
+            transformers runner).
+        proposer: what drafts (a Proposer for one row or a BatchProposer); None = plain decoding.
+        tokenizer: the target's (a transformers tokenizer); None where prompts come as ids and text
+            is not needed.
+        k: drafted tokens per step, an int >= 1, or "auto": an AdaptiveK (engine/adaptive.py) chooses
+            each step's k in 0..max_k from the request's recent acceptance and the measured step costs.
+        eos_token_ids: tokens that end a request (default: the tokenizer's).
+        reuse_prefix: prompt caching across requests (BatchEngine's prompt_cache: exact wherever a
+            forward in pieces equals one forward, the native runner's chunking invariance; not the
+            transformers backend, nor proposers that read the target's features).
     """
 
     def __init__(self, target: ModelRunner, proposer: Proposer | BatchProposer | None = None,
@@ -93,6 +100,22 @@ class SpecEngine:
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                  max_new_tokens: int = 128, stop: Sequence[str] = (), chat: bool = False) -> GenerationResult:
+        """Decode one request to its end.
+
+        Args:
+            prompt: text (tokenized here; with chat=True wrapped in the tokenizer's chat template first)
+                or token ids; it must fit the target's context with max_new_tokens.
+            params: the warp and randomness (temperature 0 = greedy; a seed makes a sampled run
+                repeat); None = greedy.
+            max_new_tokens: tokens to write at most; stop: strings that end the answer where they appear
+                (not included in the text).
+        Returns:
+            GenerationResult: the text, its token ids, the prompt's ids, finish_reason ("eos", "stop" or
+            "length") and the request's RequestStats (acceptance, tau, prefill and decode times).
+        Raises:
+            ValueError: bad input (a prompt longer than the context, max_new_tokens < 1, ids outside
+                the vocabulary), before any forward; GenerationError: the request failed on its own.
+        """
         request = self.engine.make_request(prompt, params, max_new_tokens=max_new_tokens, stop=stop, chat=chat)
         stats = RequestStats()
         for update in self._run(request):
@@ -103,7 +126,12 @@ class SpecEngine:
 
     def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                max_new_tokens: int = 128, stop: Sequence[str] = (), chat: bool = False) -> Iterator[StreamChunk]:
-        """Yield text and tokens as soon as each step verifies them."""
+        """Yield text and tokens as soon as each step verifies them; arguments as generate().
+
+        Returns:
+            An iterator of StreamChunk: each step's new text and token ids; the last chunk carries
+            finish_reason and the request's RequestStats.
+        """
         request = self.engine.make_request(prompt, params, max_new_tokens=max_new_tokens, stop=stop, chat=chat)
         for update in self._run(request):
             if update.finish_reason is not None:

@@ -70,7 +70,20 @@ class StepResult:
 
 
 def run_step(target, proposer: BatchProposer | None, rows: Sequence[Row], max_ks: Sequence[int]) -> StepResult:
-    """Steps 1-5 over rows 0..B-1 of the target's cache (and the proposer's)."""
+    """Steps 1-5 over rows 0..B-1 of the target's cache (and the proposer's): propose, one target
+    forward over every row's [last token, *drafts] (a chain, or a tree with its mask), verify (greedy
+    matching or rejection sampling), roll back what was rejected in both caches.
+
+    Args:
+        target: the ModelRunner whose cache rows 0..B-1 hold the rows' committed tokens but the last.
+        proposer: the BatchProposer drafting for the rows, or None (plain steps).
+        rows: row b's state (its committed tokens, request, generator, pending target features).
+        max_ks: row b's most drafted tokens this step (0: a plain step for that row).
+    Returns:
+        StepResult: per row the verified tokens (accepted drafts and one target token), drafted and
+        accepted counts, the target's raw logits [B, W, V] at the forward's inputs, the forward's
+        token count, and the proposer's and the verification's seconds.
+    """
     device, batch = target.device, len(rows)
     lengths = [len(row.tokens) for row in rows]
     room = min(target.max_context - length for length in lengths)  # every row writes k+1 positions

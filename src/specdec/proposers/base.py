@@ -140,6 +140,18 @@ class Proposer:
     step_costs = None  # a StepCosts with record(tokens, seconds, tree), or None: the engine records nothing
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        """Guess the next tokens of one request.
+
+        Args:
+            ctx: token_ids [1, L] int64, every committed token (prompt included); the request's
+                params and generator (drafts are warped as the target's tokens will be); vocab_size V;
+                target_hidden [1, n, H] for proposers that read the target's features.
+            max_k: the most tokens (chain) or nodes (tree) to draft, >= 0.
+        Returns:
+            DraftProposal with token_ids [1, k] int64 (k <= max_k), num_tokens [1] (0: no draft this
+            step), probs [1, k, V] (the draft distribution each token was drawn from) or None (point
+            masses: copies), and trees (the row's parents) where the draft is a tree.
+        """
         raise NotImplementedError
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:

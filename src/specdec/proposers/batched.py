@@ -40,7 +40,16 @@ class BatchProposer:
         """The request about to start in row is tenant's (called before start_row): it may learn only
         from that tenant's earlier requests (Proposer.start_tenant). Nothing shared: nothing to do."""
 
-    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:  # [B, k]
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
+        """Guess the next tokens of every row of the batch at once.
+
+        Args:
+            contexts: row b's ProposeContext (its committed tokens [1, L_b], params, generator).
+            max_ks: row b's most tokens (or tree nodes) to draft; 0: the row drafts nothing this step.
+        Returns:
+            DraftProposal with token_ids [B, k] int64 padded with -1 (k the widest row's), num_tokens
+            [B], probs [B, k, V] or None (point masses), and trees[b] where row b drafts a tree.
+        """
         raise NotImplementedError
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
