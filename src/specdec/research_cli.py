@@ -76,10 +76,18 @@ DEFAULT_VERIFY_PROMPTS = ("The three most useful Python libraries are",
 
 
 def add_research_commands(sub) -> None:
+    from specdec.replay_cli import add_replay_command
+
+    _add_bench_command(sub)
+    _add_analyze_command(sub)
+    add_replay_command(sub)
+    _add_verify_command(sub)
+
+
+def _add_bench_command(sub) -> None:
     import argparse
 
-    from specdec.cli_options import add_head_args, add_method_args, add_model_args, add_ngram_args, positive_int
-    from specdec.replay_cli import add_replay_command
+    from specdec.cli_options import add_head_args, add_model_args, add_ngram_args, positive_int
 
     raw = argparse.RawDescriptionHelpFormatter
     bench = sub.add_parser("bench", help="benchmark methods x k x temperature on prompt suites; report and plots",
@@ -124,6 +132,13 @@ def add_research_commands(sub) -> None:
     add_ngram_args(bench)
     add_head_args(bench, sweep=True)
 
+
+def _add_analyze_command(sub) -> None:
+    import argparse
+
+    from specdec.cli_options import add_model_args, positive_int
+
+    raw = argparse.RawDescriptionHelpFormatter
     analyze = sub.add_parser("analyze", help="measure alpha and c on your models; predicted vs measured speedup",
                              epilog=EPILOG_ANALYZE, formatter_class=raw)
     add_model_args(analyze)
@@ -138,8 +153,13 @@ def add_research_commands(sub) -> None:
     analyze.add_argument("--markdown", help="also write the tables as Markdown to this path")
     analyze.add_argument("--json", help="also write everything as JSON to this path")
 
-    add_replay_command(sub)
 
+def _add_verify_command(sub) -> None:
+    import argparse
+
+    from specdec.cli_options import add_method_args, add_model_args, positive_int
+
+    raw = argparse.RawDescriptionHelpFormatter
     verify = sub.add_parser("verify", help="check losslessness empirically on your models (exit 1 on failure)",
                             epilog=EPILOG_VERIFY, formatter_class=raw)
     add_model_args(verify)

@@ -92,12 +92,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     target is not provably exact; "draft" does neither (a draft's numerics never
     reach the output). probe=False skips the cheap probe (`specdec doctor` runs the full one).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if quantize not in (*QUANTIZATIONS, "auto"):
-        raise ValueError(f"quantize must be one of auto, {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    if cpu_linear not in CPU_LINEAR_CHOICES:
-        raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEAR_CHOICES)}, got {cpu_linear!r}")
+    _check_load_options(backend, quantize, cpu_linear)
     from transformers import AutoTokenizer
 
     from specdec.models.hub import resolve_model_path
@@ -105,19 +100,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     path = Path(resolve_model_path(name_or_path, progress=progress))
     torch_device = resolve_device(device)
     started = time.perf_counter()
-    native_config = None
-    if backend != "hf":
-        from specdec.models.native import UnsupportedModelError, read_config
-
-        try:
-            native_config = read_config(path)
-        except UnsupportedModelError as reason:
-            if backend == "native":
-                raise ValueError(f"--backend native cannot run {name_or_path}: {reason}") from None
-            print(f"specdec: {name_or_path}: {reason}; using the transformers backend", file=sys.stderr)
-            backend = "hf"
-        else:
-            backend = "native"
+    backend, native_config = _choose_backend(path, name_or_path, backend)
     if backend == "hf" and (quantize not in ("none", "auto") or head_vocab is not None):
         raise ValueError("int8/int4 weights and reduced draft heads need the native backend")
     torch_dtype = resolve_dtype(dtype, torch_device, backend)
@@ -148,6 +131,31 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
                   "backend guarantees it; `specdec doctor` explains)", file=sys.stderr)
     return LoadedModel(name_or_path, path, runner, tokenizer, time.perf_counter() - started, backend, torch_dtype,
                        quantize, _eos_ids(path, tokenizer), head_vocab if backend == "native" else None)
+
+
+def _check_load_options(backend: str, quantize: str, cpu_linear: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if quantize not in (*QUANTIZATIONS, "auto"):
+        raise ValueError(f"quantize must be one of auto, {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    if cpu_linear not in CPU_LINEAR_CHOICES:
+        raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEAR_CHOICES)}, got {cpu_linear!r}")
+
+
+def _choose_backend(path: Path, name_or_path: str, backend: str):
+    """(backend, the native config or None): "auto" is native where the architecture is supported,
+    else hf with a message on stderr; "native" on an unsupported one is a clear error."""
+    if backend == "hf":
+        return "hf", None
+    from specdec.models.native import UnsupportedModelError, read_config
+
+    try:
+        return "native", read_config(path)
+    except UnsupportedModelError as reason:
+        if backend == "native":
+            raise ValueError(f"--backend native cannot run {name_or_path}: {reason}") from None
+        print(f"specdec: {name_or_path}: {reason}; using the transformers backend", file=sys.stderr)
+        return "hf", None
 
 
 def auto_quantization(backend: str, device: torch.device, dtype: torch.dtype, role: str) -> str:

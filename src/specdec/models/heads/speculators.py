@@ -122,22 +122,9 @@ def _layer_fields(document: dict) -> tuple[dict, bool]:
     return document, False
 
 
-def load_speculators(directory: Path | str, target_decoder, target_embedding: torch.Tensor, *,
-                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-                     ) -> tuple[LoadedHead, FrozenVocabulary]:
-    """A speculators (or original EAGLE-3) directory -> (head, the vocabulary it drafts from),
-    checked against the target it will draft for (target_decoder: a NativeDecoder)."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    document = json.loads((directory / "config.json").read_text())
-    kind = document.get("speculators_model_type")
-    architectures = " ".join(document.get("architectures") or [])
-    if kind not in (None, "eagle3") or (kind is None and "Eagle3" not in architectures):
-        raise ValueError(f"{directory} holds a {kind or architectures or 'non-EAGLE-3'} model; "
-                         f"specdec loads eagle3 heads from such directories")
-    layer, speculators_layout = _layer_fields(document)
-    target = target_decoder.config
+def _mismatches(document: dict, layer: dict, target) -> list[str]:
+    """What keeps a head's config.json (document, its draft layer's fields) from drafting for the
+    target (a DecoderConfig): one phrase each, none where it fits."""
     problems = []
     if int(layer.get("num_hidden_layers", 1)) != 1:
         problems.append(f"{layer['num_hidden_layers']} draft layers (specdec runs EAGLE-3's one)")
@@ -156,8 +143,29 @@ def load_speculators(directory: Path | str, target_decoder, target_embedding: to
                         f"{target.hidden_size}")
     if int(layer.get("vocab_size", target.vocab_size)) != target.vocab_size:
         problems.append(f"a {layer['vocab_size']}-token target vocabulary; the target has {target.vocab_size}")
+    return problems
+
+
+def load_speculators(directory: Path | str, target_decoder, target_embedding: torch.Tensor, *,
+                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+                     ) -> tuple[LoadedHead, FrozenVocabulary]:
+    """A speculators (or original EAGLE-3) directory -> (head, the vocabulary it drafts from),
+    checked against the target it will draft for (target_decoder: a NativeDecoder)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    document = json.loads((directory / "config.json").read_text())
+    kind = document.get("speculators_model_type")
+    architectures = " ".join(document.get("architectures") or [])
+    if kind not in (None, "eagle3") or (kind is None and "Eagle3" not in architectures):
+        raise ValueError(f"{directory} holds a {kind or architectures or 'non-EAGLE-3'} model; "
+                         f"specdec loads eagle3 heads from such directories")
+    layer, speculators_layout = _layer_fields(document)
+    target = target_decoder.config
+    problems = _mismatches(document, layer, target)
     if problems:
         raise ValueError(f"{directory} cannot draft for this target: {'; '.join(problems)}")
+    hidden = int(layer["hidden_size"])
 
     files = sorted(directory.glob("*.safetensors"))
     if not files:
