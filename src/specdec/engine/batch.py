@@ -94,9 +94,22 @@ class BatchEngine:
                  tokenizer: object | None = None, *, k: int | str = 4, eos_token_ids: frozenset[int] | None = None,
                  spec_max_batch: int | None = None, prefill_chunk: int | None = None, max_k: int = 8,
                  prompt_cache: bool = True) -> None:
-        """prompt_cache: keep finished requests' cache rows in free rows for later prompts that begin
-        with their tokens (on where the target's prefix reuse is exact and the proposer does not read
-        the target's features, which a copied row would lack)."""
+        """
+        Args:
+            target: the ModelRunner whose cache rows the requests decode in (target.batch_size rows).
+            proposer: a BatchProposer with as many rows (a one-row Proposer for a one-row target), or
+                None: plain decoding.
+            tokenizer: the target's; None where prompts come as ids.
+            k: drafted tokens per step, an int >= 1, or "auto" (engine/adaptive.py chooses each step's
+                k in 0..max_k per row).
+            eos_token_ids: tokens that end a request (default: the tokenizer's).
+            spec_max_batch: above this many decoding rows, steps run plain (None: never).
+            prefill_chunk: prompt tokens prefilled per step while other rows decode (None: a new
+                request's whole prompt at once).
+            prompt_cache: keep finished requests' cache rows in free rows for later prompts that begin
+                with their tokens (on where the target's prefix reuse is exact and the proposer does not
+                read the target's features, which a copied row would lack).
+        """
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k (draft tokens per step) must be an integer >= 1 or 'auto', got {k!r}")
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
@@ -350,7 +363,12 @@ class BatchEngine:
 
     def step(self) -> list[RowUpdate]:
         """One speculative step over every decoding request, after at most prefill_chunk tokens of
-        waiting prompts (chunked prefill: a long prompt no longer stalls every stream for its length)."""
+        waiting prompts (chunked prefill: a long prompt no longer stalls every stream for its length).
+
+        Returns:
+            One RowUpdate per request that moved: its handle, the new text and token ids, and on its
+            last update finish_reason and RequestStats (the request has then left its row).
+        """
         started = time.perf_counter()
         if self._prefilling:
             self._prefill(self.prefill_chunk)
