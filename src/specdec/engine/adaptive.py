@@ -204,17 +204,34 @@ class AdaptiveK:
                          if source not in row.barred) for b, row in enumerate(rows)]
         caps = [min(cap, self.max_k) if offer else 0 for offer, cap in zip(offered, caps)]
         self.sources = [offer[0] if offer else PROPOSER for offer in offered]
-        if not any(caps):
+        verify = self._verify_s.predictor() if any(caps) else None
+        if verify is None:  # nothing may draft, or a plain step is measured first: this one
             return [0] * len(caps)
-        verify = self._verify_s.predictor()
-        if verify is None:
-            return [0] * len(caps)  # a plain step is measured first: this one
         # Each proposer's cost, once per choice (a median over its recent steps; None: never measured).
         draft_s = {source.name: self._costs(source.name).predictor() for offer in offered for source in offer}
-        # A source never measured is tried first (its first steps measure it), unless it would first read
-        # a backlog (a draft model's prompt, several target steps' worth: benchmarks/RESULTS.md,
-        # "ngram+draft: each row's source chosen by -k auto (issue 38, item 5)") while a measured source
-        # is on offer: that one drafts, and the new one waits for a step the others cannot draft.
+        if self._take_unmeasured(offered, caps, unread, draft_s):  # nothing drafted from it yet
+            return self._capped(self.start_k, rows, caps)
+        choice = _StepChoice(self, handles, rows, offered, caps, unread, verify, draft_s)
+        for b, offer in enumerate(offered):
+            if caps[b] and len(offer) > 1:  # ties: the preferred (earlier) source
+                self.sources[b] = max(offer, key=lambda source: choice.alone_per_s(b, source))
+        choice.price(self.sources)
+        measured = all(self._drafted_steps.get(name, 0) >= self.min_draft_samples for name in choice.names)
+        k = max(range(0 if measured else 1, self.max_k + 1), key=lambda k: (choice.tokens_per_s(k), -k))  # ties: smaller
+        if k > 0 and self._bar_unpaid_backlogs(choice, k, unread, remaining):
+            return self.choose(handles, *asked)  # again without them: the rows' other sources, or a plain step
+        if k > 0:
+            self._plain_in_a_row, self._explore_gap, self._probe_again = 0, self.explore_every, False
+            return self._capped(k, rows, caps)
+        return self._plain_or_probe(caps)
+
+    def _take_unmeasured(self, offered: list, caps: Sequence[int], unread: Sequence[int] | None,
+                         draft_s: dict) -> bool:
+        """A source never measured is tried first (its first steps measure it), unless it would first read
+        a backlog (a draft model's prompt, benchmarks/RESULTS.md, "ngram+draft: each row's source chosen
+        by -k auto (issue 38, item 5)") while a measured source is on offer: that one drafts, and the new
+        one waits for a step the others cannot draft. Sets self.sources where one is tried; leaves each
+        row's offer its measured sources (or all, where none is). True where a row tries one."""
         unmeasured = False
         for b, offer in enumerate(offered):
             known = tuple(source for source in offer if draft_s[source.name] is not None)
@@ -223,83 +240,38 @@ class AdaptiveK:
             if new and caps[b]:
                 self.sources[b], unmeasured = new[0], True
             offered[b] = known or offer
-        if unmeasured:  # nothing drafted from it yet
-            return self._capped(self.start_k, rows, caps)
-        extra = self.extra_tokens
+        return unmeasured
 
-        def proposes(row: _Row, source: Source) -> float:
-            track = self._track(row, source)
-            return (track.proposed + 1) / (track.asked + 1)
+    def _bar_unpaid_backlogs(self, choice: _StepChoice, k: int, unread: Sequence[int] | None,
+                             remaining: Sequence[int] | None) -> bool:
+        """Bar, for the rest of its request, a source that would first read a backlog (a draft model's
+        prompt) which the tokens it saves over the request's remaining length do not pay for. True
+        where one was barred (choose again)."""
+        if not (self._catch_up and unread is not None and remaining is not None):
+            return False
+        barred = False
+        for b, (row, source) in enumerate(zip(choice.rows, self.sources)):
+            if not source.reads_backlog or self._track(row, source).drafted or not unread[b] or not choice.caps[b]:
+                continue
+            # Saved: remaining tokens x (seconds per token without this source: a plain step, or the
+            # row's other sources - the drafting step's seconds per token), per row.
+            without_s = min([choice.step_s(0)] + [1 / choice.alone_per_s(b, other)
+                                                  for other in choice.offered[b] if other != source])
+            saved_s = remaining[b] * (without_s - choice.step_s(k) / choice.expected(b, k)) / len(choice.rows)
+            if saved_s < unread[b] * choice.catch_up_s:
+                row.barred.add(source)
+                barred = True
+        return barred
 
-        catch_up_s = sum(s for _, s in self._catch_up) / sum(n for n, _ in self._catch_up) if self._catch_up else 0.0
-
-        def switch_s(b: int, source: Source) -> float:
-            """Going back to a source that reads a backlog (a draft model, after steps the lookup drafted)
-            first reads what the other source committed: counted in the step that switches, so a row
-            does not flip between two sources of about the same speed, paying a catch-up each time."""
-            if len(offered[b]) < 2 or not source.reads_backlog or unread is None or not self._track(rows[b], source).drafted:
-                return 0.0
-            return max(0, unread[b] - STEADY_READ) * catch_up_s
-
-        def alone_per_s(b: int, source: Source) -> float:
-            rates, p, draft = self.rates(handles[b], source), proposes(rows[b], source), draft_s[source.name]
-            switch = switch_s(b, source)
-            return max((1 - p + p * expected_tokens_from_rates(rates[:k])) /
-                       ((1 - p) * verify(1) + p * (draft(k) + switch + verify(k + 1 + extra))) for k in range(1, caps[b] + 1))
-
-        for b, offer in enumerate(offered):
-            if caps[b] and len(offer) > 1:  # ties: the preferred (earlier) source
-                self.sources[b] = max(offer, key=lambda source: alone_per_s(b, source))
-        names = {source.name for source, cap in zip(self.sources, caps) if cap}
-        drafts = [draft_s[name] for name in names]
-        rates = [self.rates(handle, source) for handle, source in zip(handles, self.sources)]
-        switch = max((switch_s(b, source) for b, source in enumerate(self.sources) if caps[b]), default=0.0)
-
-        def step_s(k: int) -> float:
-            widest = max(min(k, cap) for cap in caps)
-            tokens = len(rows) * (widest + 1 + (extra if widest else 0))
-            return max((sum(draft(widest) for draft in drafts) + switch if widest else 0.0) + verify(tokens), 1e-9)
-
-        def expected(b: int, k: int) -> float:
-            return expected_tokens_from_rates(rates[b][:min(k, caps[b])])
-
-        # A row asked to draft proposes something with probability p_b: else it commits one token, and
-        # where no row proposes the forward is a plain one; where any does, every row pays its width.
-        p_propose = [proposes(row, source) if cap else 0.0 for row, source, cap in zip(rows, self.sources, caps)]
-        none_proposes = math.prod(1 - p for p in p_propose)
-
-        def tokens_per_s(k: int) -> float:
-            if k == 0:
-                return len(rows) / step_s(0)
-            tokens = sum(1 - p + p * expected(b, k) for b, p in enumerate(p_propose))
-            return tokens / (none_proposes * step_s(0) + (1 - none_proposes) * step_s(k))
-
-        measured = all(self._drafted_steps.get(name, 0) >= self.min_draft_samples for name in names)
-        k = max(range(0 if measured else 1, self.max_k + 1), key=lambda k: (tokens_per_s(k), -k))  # ties: smaller
-        if k > 0 and self._catch_up and unread is not None and remaining is not None:
-            barred = False
-            for b, (row, source) in enumerate(zip(rows, self.sources)):
-                if not source.reads_backlog or self._track(row, source).drafted or not unread[b] or not caps[b]:
-                    continue
-                # Saved: remaining tokens x (seconds per token without this source: a plain step, or the
-                # row's other sources - the drafting step's seconds per token), per row.
-                without_s = min([step_s(0)] + [1 / alone_per_s(b, other) for other in offered[b] if other != source])
-                saved_s = remaining[b] * (without_s - step_s(k) / expected(b, k)) / len(rows)
-                if saved_s < unread[b] * catch_up_s:
-                    row.barred.add(source)
-                    barred = True
-            if barred:  # choose again without it: the row's other sources, or a plain step
-                return self.choose(handles, *asked)
-        if k > 0:
-            self._plain_in_a_row, self._explore_gap, self._probe_again = 0, self.explore_every, False
-            return self._capped(k, rows, caps)
+    def _plain_or_probe(self, caps: Sequence[int]) -> list[int]:
+        """Drafting does not pay this step: a plain one, or after a streak of them a probe of one
+        drafted token; the next one, if drafting still does not pay, waits twice as long."""
         if self._probe_again:  # the last probe only read a backlog (a draft model far behind): go on
             self._probe_again = False
         else:
             self._plain_in_a_row += 1
             if self._plain_in_a_row < self._explore_gap:
                 return [0] * len(caps)
-            # A probe of one drafted token; the next one, if drafting still does not pay, waits twice as long.
             self._plain_in_a_row = 0
             self._explore_gap = min(2 * self._explore_gap, self.max_explore_every)
         self._probing = True
@@ -382,3 +354,66 @@ class AdaptiveK:
         own.drafted = True
         if accepted == drafted:
             row.ramp = min(2 * row.ramp, self.max_k)
+
+
+class _StepChoice:
+    """One choice's prices (AdaptiveK.choose): each row's tokens per second with each source alone,
+    and, once the rows' sources are chosen (price()), the whole step's tokens per second at each k."""
+
+    def __init__(self, controller: AdaptiveK, handles: Sequence[Hashable], rows: list[_Row], offered: list,
+                 caps: list[int], unread: Sequence[int] | None, verify, draft_s: dict) -> None:
+        self.controller, self.handles, self.rows, self.offered, self.caps = controller, handles, rows, offered, caps
+        self.unread, self.verify, self.draft_s = unread, verify, draft_s
+        self.extra = controller.extra_tokens
+        catch_up = controller._catch_up
+        self.catch_up_s = sum(s for _, s in catch_up) / sum(n for n, _ in catch_up) if catch_up else 0.0
+
+    def proposes(self, row: _Row, source: Source) -> float:
+        track = self.controller._track(row, source)
+        return (track.proposed + 1) / (track.asked + 1)
+
+    def switch_s(self, b: int, source: Source) -> float:
+        """Going back to a source that reads a backlog (a draft model, after steps the lookup drafted)
+        first reads what the other source committed: counted in the step that switches, so a row
+        does not flip between two sources of about the same speed, paying a catch-up each time."""
+        if (len(self.offered[b]) < 2 or not source.reads_backlog or self.unread is None
+                or not self.controller._track(self.rows[b], source).drafted):
+            return 0.0
+        return max(0, self.unread[b] - STEADY_READ) * self.catch_up_s
+
+    def alone_per_s(self, b: int, source: Source) -> float:
+        rates = self.controller.rates(self.handles[b], source)
+        p, draft, switch = self.proposes(self.rows[b], source), self.draft_s[source.name], self.switch_s(b, source)
+        verify, extra = self.verify, self.extra
+        return max((1 - p + p * expected_tokens_from_rates(rates[:k])) /
+                   ((1 - p) * verify(1) + p * (draft(k) + switch + verify(k + 1 + extra)))
+                   for k in range(1, self.caps[b] + 1))
+
+    def price(self, sources: Sequence[Source]) -> None:
+        """The rows' chosen sources: what the whole step costs and yields at each k follows."""
+        caps = self.caps
+        self.names = {source.name for source, cap in zip(sources, caps) if cap}
+        self.drafts = [self.draft_s[name] for name in self.names]
+        self.rates = [self.controller.rates(handle, source) for handle, source in zip(self.handles, sources)]
+        self.switch = max((self.switch_s(b, source) for b, source in enumerate(sources) if caps[b]), default=0.0)
+        # A row asked to draft proposes something with probability p_b: else it commits one token, and
+        # where no row proposes the forward is a plain one; where any does, every row pays its width.
+        self.p_propose = [self.proposes(row, source) if cap else 0.0
+                          for row, source, cap in zip(self.rows, sources, caps)]
+        self.none_proposes = math.prod(1 - p for p in self.p_propose)
+
+    def step_s(self, k: int) -> float:
+        widest = max(min(k, cap) for cap in self.caps)
+        tokens = len(self.rows) * (widest + 1 + (self.extra if widest else 0))
+        return max((sum(draft(widest) for draft in self.drafts) + self.switch if widest else 0.0)
+                   + self.verify(tokens), 1e-9)
+
+    def expected(self, b: int, k: int) -> float:
+        return expected_tokens_from_rates(self.rates[b][:min(k, self.caps[b])])
+
+    def tokens_per_s(self, k: int) -> float:
+        if k == 0:
+            return len(self.rows) / self.step_s(0)
+        tokens = sum(1 - p + p * self.expected(b, k) for b, p in enumerate(self.p_propose))
+        return tokens / (self.none_proposes * self.step_s(0) + (1 - self.none_proposes) * self.step_s(k))
+
