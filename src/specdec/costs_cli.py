@@ -143,7 +143,8 @@ def _describe(table: dict) -> str:
              f"{target['prefill_tok_s']:.0f} tok/s{_read(target)}", f"  {'tokens':>6} {'ms':>9} {'x step':>8}"]
     lines += [f"  {n:>6} {ms:>9.2f} {target['ratio'][n]:>7.2f}x" for n, ms in target["step_ms"].items()]
     unit = target["step_ms"][1]
-    for trees in table["results"][1:2]:
+    if len(table["results"]) > 1:  # --trees
+        trees = table["results"][1]
         lines += [f"trees:   {trees['format']}, a draft tree of tokens - 1 nodes", f"  {'tokens':>6} {'ms':>9} "
                   f"{'x chain step':>13}"]
         lines += [f"  {n:>6} {ms:>9.2f} {ms / unit:>12.2f}x" for n, ms in trees["step_ms"].items()]

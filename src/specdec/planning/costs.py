@@ -94,7 +94,7 @@ def tree_cost_ratios(path: str | Path) -> list[tuple[int, float]] | None:
     if not trees:
         return None
     try:
-        one = float(chain["step_ms"]["1"] if "1" in chain["step_ms"] else chain["step_ms"][1])
+        one = float(chain["step_ms"]["1"])  # a JSON file's keys are strings
         points = sorted((int(rows), float(ms) / one) for rows, ms in trees[0]["step_ms"].items())
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{path}: a tree entry needs step_ms, and the first result the 1-token step's") from error

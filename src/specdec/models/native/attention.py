@@ -65,6 +65,12 @@ def round_up(length: int, multiple: int = KEY_BLOCK) -> int:
     return -(-length // multiple) * multiple
 
 
+def runs_cpu_kernels(device: torch.device) -> bool:
+    """Whether attention on `device` runs kernels/attention.cpp (a CPU where it compiled), not the
+    PyTorch form below."""
+    return device.type == "cpu" and kernels.load() is None
+
+
 def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
     """Softmax attention with a reduction order fixed per query (see the module docstring).
@@ -84,7 +90,7 @@ def blocked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     each block's max to the overall max. In a forward padded to S = 6, block {4, 5}
     is all masked, gets r = 0 and comes last: the same terms in the same order.
     """
-    if query.device.type == "cpu" and kernels.load() is None:  # the same law in one call (kernels/attention.cpp)
+    if runs_cpu_kernels(query.device):  # the same law in one call (kernels/attention.cpp)
         return torch.ops.specdec_attention.blocked(query, keys, values, bias, KEY_BLOCK)
     rows = query.shape[-2]
     if rows % ROW_TILE:  # see the module docstring: pad to whole tiles, drop the padding after
@@ -225,13 +231,15 @@ class TreeKeys:
       shows each row its own whole prefix blocks (start // KEY_BLOCK of them); near_index [B, T, Sn]
       and near_bias [B, 1, T, nbn, 1, KEY_BLOCK] are each node's slots from its row's first partial
       block on. Sn depends on the node count alone, so a recorded CUDA step keeps its shapes.
+
+    build() makes only the form that runs on its device (runs_cpu_kernels); the other's fields are None.
     """
     shared_blocks: int
-    tail_index: torch.Tensor | None  # on a CPU only
+    tail_index: torch.Tensor | None  # the CPU kernel's form
     tail_bias: torch.Tensor | None
-    far_bias: torch.Tensor
-    near_index: torch.Tensor
-    near_bias: torch.Tensor
+    far_bias: torch.Tensor | None  # the PyTorch form
+    near_index: torch.Tensor | None
+    near_bias: torch.Tensor | None
 
     @staticmethod
     def build(starts: list[int], among_new: torch.Tensor, device: torch.device, width: int | None = None) -> TreeKeys:
@@ -248,11 +256,11 @@ class TreeKeys:
         batch, steps = visible.shape[:2]
         start = torch.tensor(starts)
         shared_blocks = min(starts) // KEY_BLOCK
-        tail_index = tail_bias = None
-        if device.type == "cpu":  # the CPU kernel's form
+        if runs_cpu_kernels(device):
             tail_index, tail_seen = _tree_slots(start, visible, counts, shared_blocks * KEY_BLOCK + torch.arange(
                 width - shared_blocks * KEY_BLOCK)[None].expand(batch, -1))
             tail_bias = block_bias(tail_seen[:, None, :, None, :]).reshape(batch, steps, -1, KEY_BLOCK)
+            return TreeKeys(shared_blocks, tail_index, tail_bias, None, None, None)
         own_blocks = start // KEY_BLOCK  # [B] each row's whole prefix blocks
         far = torch.arange(width // KEY_BLOCK)[None] < own_blocks[:, None]  # [B, nb]
         zeros = torch.zeros(())
@@ -261,8 +269,7 @@ class TreeKeys:
         near_index, near_seen = _tree_slots(start, visible, counts,
                                             own_blocks[:, None] * KEY_BLOCK + torch.arange(near_width)[None])
         near_bias = block_bias(near_seen[:, None, :, None, :])
-        return TreeKeys(shared_blocks, tail_index, tail_bias, far_bias.to(device), near_index.to(device),
-                        near_bias.to(device))
+        return TreeKeys(shared_blocks, None, None, far_bias.to(device), near_index.to(device), near_bias.to(device))
 
     @staticmethod
     def gathered_layout(starts: list[int], among_new: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +309,7 @@ def tree_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     groups = query_heads // kv_heads
     rows = torch.arange(batch, device=keys.device)[:, None, None]
     grouped = query.view(batch, kv_heads, groups, steps, dim).transpose(2, 3)  # [B, Hkv, T, G, D]
-    if query.device.type == "cpu" and kernels.load() is None:  # kernels/attention.cpp's tree op
+    if runs_cpu_kernels(query.device):  # kernels/attention.cpp's tree op
         tail_keys = keys.permute(0, 2, 1, 3)[rows, tree.tail_index].permute(0, 3, 1, 2, 4)  # [B, Hkv, T, St, D]
         tail_values = values.permute(0, 2, 1, 3)[rows, tree.tail_index].permute(0, 3, 1, 2, 4)
         attended = torch.ops.specdec_attention.tree(grouped, keys, values, tail_keys, tail_values, tree.tail_bias,

@@ -140,7 +140,8 @@ class FixedSteps:
         if tree:
             keys = TreeKeys.build(starts, among_new, self.decoder.device, width=key_length)
             if step.graph is not None:  # it reads the recorded step's tensors: this step's go into them
-                recorded = {name: getattr(step.tree_keys, name) for name in ("far_bias", "near_index", "near_bias")}
+                recorded = {name: getattr(step.tree_keys, name) for name in ("far_bias", "near_index", "near_bias")
+                            if getattr(keys, name) is not None}  # (a CPU with its kernels builds the tail form)
                 for name, tensor in recorded.items():
                     tensor.copy_(getattr(keys, name))
                 keys = dataclasses.replace(keys, **recorded)
