@@ -1,6 +1,5 @@
 """Functions a reader can hold (issue 61, item 6): no function in src/specdec over 80 lines, its
-docstring not counted. One is still longer and listed here until it is split; the list may only
-shrink (a function that fits is dropped from it, and the test says so)."""
+docstring not counted, and no exemptions: a function that grows past the bound is split."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "specdec"
 MOST_LINES = 80
-NOT_YET = {("server/app.py", "create_app")}
 
 
 def long_functions(source: str, most: int = MOST_LINES) -> list[tuple[str, int]]:
@@ -30,8 +28,7 @@ def long_functions(source: str, most: int = MOST_LINES) -> list[tuple[str, int]]
 def test_no_function_is_longer_than_a_reader_can_hold():
     found = {(str(path.relative_to(SOURCE)), name): lines for path in sorted(SOURCE.rglob("*.py"))
              for name, lines in long_functions(path.read_text())}
-    assert sorted(set(found) - NOT_YET) == [], "split these, or say why in the issue"
-    assert sorted(NOT_YET - set(found)) == [], "these fit now: drop them from NOT_YET"
+    assert found == {}, "split these"
 
 
 def test_the_count_leaves_out_the_docstring_and_catches_a_long_body():

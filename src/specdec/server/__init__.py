@@ -15,10 +15,11 @@ from specdec.config import SpecConfig
 from specdec.engine.batch import BatchEngine
 from specdec.models.loader import eos_ids_of
 from specdec.proposers.registry import check_method
-from specdec.server.app import ServedModel, create_app
+from specdec.server.app import create_app
 from specdec.server.guards import ServerLimits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.scheduler import Scheduler
+from specdec.server.state import ServedModel
 
 __all__ = ["ServerLimits", "build_server"]
 
