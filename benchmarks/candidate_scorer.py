@@ -36,10 +36,11 @@ from specdec.analysis import candidates as cand
 from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cost_table, flat_cost, recorded_turns,
                                      replay, step_time)
 from specdec.bench.harness import read_results
+from specdec.config import SpecConfig
+from specdec.factory import proposer_for
 from specdec.planning.costs import interpolated, tree_cost_ratios
-from specdec.proposers.ngram import NgramProposer
 from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts, load_scorer
-from specdec.proposers.suffix import SuffixOptions, SuffixProposer
+from specdec.proposers.suffix import SuffixOptions
 
 RUNS = ("benchmarks/results/agent-loop-zen3", "benchmarks/results/suffix/agentic-stream.jsonl",
         "benchmarks/results/draft-oracle-zen4", "benchmarks/results/model-free-zen4")
@@ -123,15 +124,20 @@ def main() -> None:
             stream, cap = bool(header.get("stream")), header.get("max_new_tokens")
             options = SuffixOptions(**(header.get("suffix") or {}))
             def live(scorer, trees=False):  # --method copy as it runs (its calibration too), at these fixed costs
+                # Built by hand, not by the factory: a fold's fitted scorer and this cost table live in
+                # memory, and CopyOptions takes either only as a file.
                 proposer = ScoredCopyProposer(scorer, step_costs=pricing, trees=trees)
                 return replay(turns, proposer, k, stream, cap)
+
+            def method(name, k_, **fields):  # the proposer `specdec generate --method NAME -k K` drafts with
+                return replay(turns, proposer_for(SpecConfig(method=name, k=k_, **fields), None), k, stream, cap)
 
             by_fold = {held: live(fits[held]) for held in (0, 1)}
             trees_by_fold = {held: live(fits[held], trees=True) for held in (0, 1)}
             replayed = {
-                f"ngram k={k}": replay(turns, NgramProposer(3, 1), k, stream, cap),
-                f"ngram auto rule, k<={k}": replay(turns, NgramProposer(3, 1, follow_match=True), k, stream, cap),
-                f"suffix k={k}": replay(turns, SuffixProposer(None, options), k, stream, cap),
+                f"ngram k={k}": method("ngram", k),
+                f"ngram auto rule, k<={k}": method("ngram", "auto"),  # -k auto: follow_match
+                f"suffix k={k}": method("suffix", k, suffix=options),
                 "copy (the proposer), held-out": [by_fold[fold[turn.question_id]][index]
                                                   for index, turn in enumerate(turns)],
                 "copy (the proposer), shipped scorer": live(load_scorer()),

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import torch
 
+from public_engines import SharedModels  # benchmarks/public_engines.py
+
 from specdec.bench.hf_baseline import hf_generate
+from specdec.config import SpecConfig
 from specdec.demo import DEMO_PROMPTS
-from specdec.engine import SpecEngine
-from specdec.models.loader import check_same_vocabulary, load_model
-from specdec.proposers import DraftModelProposer
+from specdec.factory import plain_engine
+from specdec.models.loader import load_model
 from specdec.sampling import SamplingParams
 
 # The demo's five prompts plus five more, so the demo's numbers are a subset of these.
@@ -73,20 +75,17 @@ def main() -> None:
         print(f"  {row['system']:<14} k={row['k']:<2} {row['tokens_per_s']:6.2f} tok/s"
               f"{f'  tau={tau:.2f}' if tau else ''}  identical={row['identical']}", flush=True)
 
-    # Phase 1: specdec (oneDNN-packed linears on CPU), plain then each k.
-    target = load_model(args.target, backend="hf")
-    draft = load_model(args.draft, backend="hf")
-    check_same_vocabulary(target.tokenizer, draft.tokenizer)
-    tokenizer = target.tokenizer
-    eos = target.eos_token_ids
-    plain = SpecEngine(target.runner, None, tokenizer, eos_token_ids=eos)
+    # Phase 1: specdec (oneDNN-packed linears on CPU), plain then each k: the engines `specdec generate
+    # --backend hf --method draft -k K` runs, built by its factory (benchmarks/public_engines.py).
+    models = SharedModels()
+    config = SpecConfig(target=args.target, draft=args.draft, method="draft", backend="hf")
+    plain = plain_engine(models.target(config))
+    eos = plain.eos_token_ids
     params = SamplingParams(temperature=0.0)
     prompt_ids = {prompt: plain.encode(prompt, chat=True) for _, prompt in prompts}
     plain.generate(prompts[0][1], params, max_new_tokens=4, chat=True)  # warm-up
-    engines = [("specdec-plain", 0, plain)] + [
-        ("specdec-draft", k, SpecEngine(target.runner, DraftModelProposer(draft.runner), tokenizer, k=k, eos_token_ids=eos))
-        for k in ks
-    ]
+    engines = [("specdec-plain", 0, plain)] + [("specdec-draft", k, models.engine(config.with_method("draft", k=k)))
+                                               for k in ks]
     for index, (category, prompt) in enumerate(prompts, 1):
         print(f"[specdec {index}/{len(prompts)}] ({category}) {prompt}", flush=True)
         for system, k, engine in engines:
@@ -100,10 +99,11 @@ def main() -> None:
                         mean_accepted_length=result.stats.mean_accepted_length,
                         acceptance_rate=result.stats.acceptance_rate if k else None,
                         identical=result.token_ids == reference, token_ids=result.token_ids))
-    del target, draft, plain, engines
+    del models, plain, engines
     gc.collect()
 
-    # Phase 2: stock transformers (plain nn.Linear), plain generate() and assisted generation.
+    # Phase 2: stock transformers (plain nn.Linear), plain generate() and assisted generation: the peer,
+    # loaded as transformers runs it, not as specdec's engines load it.
     target = load_model(args.target, backend="hf", cpu_linear="torch")
     draft = load_model(args.draft, backend="hf", cpu_linear="torch")
     hf_generate(target.runner.model, torch.tensor([prompt_ids[prompts[0][1]]]), 4)  # warm-up

@@ -272,32 +272,38 @@ def compiled_step(target: NativeRunner, context: int = 512, reps: int = 10) -> d
             "max_abs_diff_vs_eager": float((compiled_logits - eager_logits).abs().max())}
 
 
+def loaded(runner: NativeRunner, tokenizer=None, name: str = "random weights"):
+    """An in-memory runner as specdec's factory takes a loaded model (models/loader.py's LoadedModel),
+    so the engines here are built as `specdec generate` builds them; no token is an EOS (random weights
+    would stop anywhere), so every run decodes its full length."""
+    from specdec.models.loader import LoadedModel
+
+    return LoadedModel(name, Path(name), runner, tokenizer, 0.0, backend="native", eos_token_ids=frozenset())
+
+
 def end_to_end(target: NativeRunner, draft: NativeRunner, tokenizer, new_tokens: int,
                methods=("ngram", "lookahead", "self-draft", "draft", "copy")) -> dict:
     """Greedy plain vs speculative on the random full-depth target: equality, tok/s, acceptance."""
-    from specdec.engine import SpecEngine
-    from specdec.proposers import DraftModelProposer, NgramProposer
-    from specdec.proposers.lookahead import LookaheadProposer
-    from specdec.proposers.scored_copy import ScoredCopyProposer
+    from specdec.config import SpecConfig
+    from specdec.factory import engine_for
+    from specdec.proposers.scored_copy import CopyOptions
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(temperature=0)
     prompt_ids = tokenizer.encode(PROMPT) if tokenizer is not None else list(range(1000, 1200))
-    self_draft = target.with_batch_size(1)
+    drafts = {"self-draft": lambda: loaded(target.with_batch_size(1)), "draft": lambda: loaded(draft)}
     # Scored copying (proposers/scored_copy.py) sizes its own drafts from the engine's measured
     # step costs: on a GPU's flat curve it may draft up to max_k = 16, as a chain or a tree.
-    setups = {"plain": lambda: (None, 4), "ngram k=4": lambda: (NgramProposer(), 4),
-              "lookahead k=4": lambda: (LookaheadProposer(), 4),
-              "self-draft k=4": lambda: (DraftModelProposer(self_draft), 4),
-              "draft 0.5B-shape k=4": lambda: (DraftModelProposer(draft), 4),
-              "copy k=auto": lambda: (ScoredCopyProposer(), "auto"),
-              "copy-trees k=auto": lambda: (ScoredCopyProposer(trees=True), "auto")}
+    setups = {"plain": ("autoregressive", 4), "ngram k=4": ("ngram", 4), "lookahead k=4": ("lookahead", 4),
+              "self-draft k=4": ("draft", 4), "draft 0.5B-shape k=4": ("draft", 4), "copy k=auto": ("copy", "auto"),
+              "copy-trees k=auto": ("copy", "auto")}
     setups = {name: setup for name, setup in setups.items()
               if name == "plain" or name.split(" ")[0].split("-trees")[0] in methods}
     results, reference = {}, None
-    for name, setup in setups.items():
-        proposer, k = setup()
-        engine = SpecEngine(target, proposer, tokenizer, k=k, eos_token_ids=frozenset(), max_k=16)
+    for name, (method, k) in setups.items():
+        config = SpecConfig(method=method, k=k, max_k=16, copy=CopyOptions(trees=name.startswith("copy-trees")))
+        draft_model = drafts[name.split(" ")[0]]() if method == "draft" else None
+        engine = engine_for(config, loaded(target, tokenizer), draft_model)
         engine.generate(prompt_ids, params, max_new_tokens=8)  # warm-up
         runs = ("", " again") if name.startswith("copy") else ("",)  # again: the corpus holds the answer
         for again in runs:
@@ -311,26 +317,35 @@ def end_to_end(target: NativeRunner, draft: NativeRunner, tokenizer, new_tokens:
             first_diff = next((i for i, (a, b) in enumerate(zip(out.token_ids, reference)) if a != b), None)
             results[name + again] = {"identical_to_plain": out.token_ids == reference, "first_difference": first_diff,
                                      "tok_per_s": round(len(out.token_ids) / seconds, 1),
-                                     "acceptance": round(out.stats.acceptance_rate, 3) if proposer else None,
+                                     "acceptance": round(out.stats.acceptance_rate, 3) if engine.proposer else None,
                                      "tau": round(out.stats.mean_accepted_length, 2)}
     return results
+
+
+def server_engine(target: NativeRunner, config, tokenizer, slots: int):
+    """`specdec serve`'s engine of `slots` rows: server/__init__.py builds its BatchEngine over the
+    factory's batch_proposer_for so (the factory makes no BatchEngine of its own)."""
+    from specdec.engine.batch import BatchEngine
+    from specdec.factory import batch_proposer_for
+
+    return BatchEngine(target.with_batch_size(slots), batch_proposer_for(config, slots=slots), tokenizer, k=config.k,
+                       max_k=config.max_k)
 
 
 def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_tokens: int = 48,
                          methods=("ngram", "lookahead", "copy")) -> dict:
     """Three requests decoded side by side (BatchEngine, k=4) against each alone, greedy."""
-    from specdec.engine import SpecEngine
-    from specdec.engine.batch import BatchEngine
-    from specdec.proposers.registry import build_proposer
+    from specdec.config import SpecConfig
+    from specdec.factory import plain_engine
     from specdec.sampling import SamplingParams
 
     params = SamplingParams(temperature=0)
     prompts = [tokenizer.encode(PROMPT), tokenizer.encode(PROMPT[:120]), tokenizer.encode("import os\n" * 20)]
-    alone = SpecEngine(target, None, tokenizer, eos_token_ids=frozenset())
+    alone = plain_engine(loaded(target, tokenizer))
     expected = [alone.generate(prompt, params, max_new_tokens=new_tokens).token_ids for prompt in prompts]
     results = {}
     for method in methods:
-        engine = BatchEngine(target.with_batch_size(slots), build_proposer(method, slots=slots), tokenizer, k=4)
+        engine = server_engine(target, SpecConfig(method=method, k=4), tokenizer, slots)
         outputs = {i: [] for i in range(len(prompts))}
         for i, prompt in enumerate(prompts):
             engine.add(i, engine.make_request(prompt, params, max_new_tokens=new_tokens, ignore_eos=True))
@@ -344,21 +359,18 @@ def batched_equals_alone(target: NativeRunner, tokenizer, slots: int = 3, new_to
 def seeded_sampling(target: NativeRunner, tokenizer, slots: int = 3, new_tokens: int = 32) -> dict:
     """T=0.7 with seeds: a request run twice gives the same tokens; three side by side (BatchEngine)
     give each what it gets alone (ngram and lookahead, k=4)."""
-    from specdec.engine import SpecEngine
-    from specdec.engine.batch import BatchEngine
-    from specdec.proposers import NgramProposer
-    from specdec.proposers.lookahead import LookaheadProposer
-    from specdec.proposers.registry import build_proposer
+    from specdec.config import SpecConfig
+    from specdec.factory import engine_for
     from specdec.sampling import SamplingParams
 
     prompts = [tokenizer.encode(PROMPT), tokenizer.encode(PROMPT[:120]), tokenizer.encode("import os\n" * 20)]
     results = {}
-    for method, single in (("ngram", NgramProposer), ("lookahead", LookaheadProposer)):
-        alone = SpecEngine(target, single(), tokenizer, k=4, eos_token_ids=frozenset())
+    for method in ("ngram", "lookahead"):
+        alone = engine_for(SpecConfig(method=method, k=4), loaded(target, tokenizer))
         params = [SamplingParams(temperature=0.7, seed=100 + i) for i in range(len(prompts))]
         expected = [alone.generate(p, q, max_new_tokens=new_tokens).token_ids for p, q in zip(prompts, params)]
         again = alone.generate(prompts[0], params[0], max_new_tokens=new_tokens).token_ids
-        engine = BatchEngine(target.with_batch_size(slots), build_proposer(method, slots=slots), tokenizer, k=4)
+        engine = server_engine(target, SpecConfig(method=method, k=4), tokenizer, slots)
         outputs = {i: [] for i in range(len(prompts))}
         for i, (prompt, param) in enumerate(zip(prompts, params)):
             engine.add(i, engine.make_request(prompt, param, max_new_tokens=new_tokens, ignore_eos=True))
@@ -378,10 +390,10 @@ def eagle3_on_device(device: torch.device) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from conftest import make_peaked_model
 
-    from specdec.engine import SpecEngine
+    from specdec.config import HeadOptions, SpecConfig
+    from specdec.factory import engine_for, plain_engine
     from specdec.models.heads import FrozenVocabulary, HeadConfig, load_head
     from specdec.models.native import NativeDecoder
-    from specdec.proposers.heads import EagleProposer
     from specdec.sampling import SamplingParams
     from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
 
@@ -392,7 +404,7 @@ def eagle3_on_device(device: torch.device) -> dict:
     vocab = FrozenVocabulary(model.get_input_embeddings().weight.detach().to(device),
                              model.get_output_embeddings().weight.detach().to(device),
                              torch.arange(model.config.vocab_size, device=device))
-    plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
+    plain = plain_engine(loaded(target))
     chunks = []
     for index in range(40):
         start = [2 + index % 30, 2 + (index * 7) % 30]
@@ -410,9 +422,11 @@ def eagle3_on_device(device: torch.device) -> dict:
     head = load_head(folder / "eagle3.safetensors", device=device)
     result = {"train_seconds": round(seconds, 1), "loss_first5": round(sum(losses[:5]) / 5, 3),
               "loss_last10": round(sum(losses[-10:]) / 10, 3), "accuracies": head.config.accuracies}
-    for tree in (False, True):
-        proposer = EagleProposer(head.module, vocab, tree_size=8 if tree else 0, tree_topk=3)
-        spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
+    path = str(folder / "eagle3.safetensors")
+    for tree in (False, True):  # the head just trained, handed to the factory as the one loaded from `path`
+        config = SpecConfig(method="eagle3-tree" if tree else "eagle3", k=4,
+                            head=HeadOptions(path=path, tree_size=8 if tree else None, tree_topk=3))
+        spec = engine_for(config, loaded(target), heads={("eagle3", path): (head, vocab)})
         same, accepted = [], 0
         for prompt in ([5, 9, 12, 3, 7], [20, 21, 22, 23], [2, 8, 8, 8, 30, 31, 2]):
             out = spec.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40)

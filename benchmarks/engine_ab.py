@@ -77,6 +77,7 @@ def main() -> None:
         rows_target, rows_draft = target.runner.with_batch_size(slots), draft.runner.with_batch_size(slots)
         for method in ("autoregressive", "ngram", "draft"):
             proposer = batch_proposer_for(SpecConfig(method=method, k="auto"), slots=slots, draft_runner=rows_draft)
+            # As `specdec serve` builds it (server/__init__.py): the factory's proposer in a BatchEngine.
             engine = BatchEngine(rows_target, proposer, target.tokenizer, k="auto")
             out[f"batch{slots} {method}"] = batch_rate(engine, args.reps, digest)
     out["outputs"] = digest.hexdigest()[:12]

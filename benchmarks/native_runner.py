@@ -21,18 +21,21 @@ output must equal plain decoding of the same runner, token for token.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
 from pathlib import Path
 
+from public_engines import SharedModels  # benchmarks/public_engines.py
 
 from specdec.bench.hf_baseline import hf_generate
 from specdec.bench.suites import suite
 from specdec.bench.timing import TimedRunner, copy_bandwidth_gbs, weight_bytes_per_token
+from specdec.config import SpecConfig
 from specdec.engine import SpecEngine
+from specdec.factory import engine_for, plain_engine
 from specdec.models.loader import check_same_vocabulary, load_model
-from specdec.proposers import DraftModelProposer
 from specdec.sampling import SamplingParams
 
 
@@ -79,7 +82,8 @@ def main() -> None:
 
 
 def transformers_phase(args, bytes_per_token):
-    """transformers' own generate(), plain and assisted (its defaults), stock fp32 nn.Linear."""
+    """transformers' own generate(), plain and assisted (its defaults), stock fp32 nn.Linear: the peer,
+    loaded as transformers runs it (no specdec engine decodes here; the encoder only tokenizes)."""
     target = load_model(args.target, backend="hf", cpu_linear="torch")
     draft = load_model(args.draft, backend="hf", cpu_linear="torch")
     check_same_vocabulary(target.tokenizer, draft.tokenizer)
@@ -88,41 +92,37 @@ def transformers_phase(args, bytes_per_token):
         "transformers assisted": lambda ids: hf_generate(target.runner.model, ids, args.max_new_tokens,
                                                          assistant=draft.runner.model),
     }
-    return configs, {"encoder": SpecEngine(target.runner, None, target.tokenizer)}
+    return configs, {"encoder": plain_engine(target)}
 
 
 def hf_backend_phase(args, bytes_per_token):
     """specdec's engine on the transformers backend (fp32, oneDNN-packed linears)."""
-    target = load_model(args.target, backend="hf")
-    return {}, {"specdec plain (hf)": SpecEngine(target.runner, None, target.tokenizer,
-                                                 eos_token_ids=target.eos_token_ids)}
+    target = SharedModels().target(SpecConfig(target=args.target, backend="hf"))
+    return {}, {"specdec plain (hf)": plain_engine(target)}
 
 
 def native_phase(args, bytes_per_token):
-    """Every --native TARGET/DRAFT[/VOCAB] format: plain decoding and speculative decoding at each k."""
+    """Every --native TARGET/DRAFT[/VOCAB] format: plain decoding and speculative decoding at each k, the
+    engines `specdec generate --backend native --quantize TARGET --draft-quantize DRAFT --draft-vocab VOCAB
+    --method draft -k K` runs (the factory's), their models' forwards timed (bench/timing.py)."""
     engines = {}
-    targets, drafts = {}, {}  # loaded once per format, shared by configurations
+    models, timed = SharedModels(), {}  # each format loaded once, shared by configurations; its timed runner
     for spec in args.native:
         target_format, draft_format, *vocab = spec.split("/")
-        draft_vocab = int(vocab[0]) if vocab else None
-        if target_format not in targets:
-            target = targets[target_format] = load_model(args.target, backend="native", quantize=target_format)
-            label = target.describe().split("[")[1].rstrip("]")
-            bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
-            engines[f"specdec plain ({label})"] = SpecEngine(TimedRunner(target.runner), None, target.tokenizer,
-                                                             eos_token_ids=target.eos_token_ids)
-        target = targets[target_format]
+        config = SpecConfig(target=args.target, draft=args.draft, method="draft", backend="native",
+                            quantize=target_format, draft_quantize=draft_format,
+                            draft_vocab=int(vocab[0]) if vocab else None)
+        target, draft = models.target(config), models.draft(config)
         label = target.describe().split("[")[1].rstrip("]")
-        if (draft_format, draft_vocab) not in drafts:
-            drafts[draft_format, draft_vocab] = load_model(args.draft, backend="native", quantize=draft_format,
-                                                           head_vocab=draft_vocab)
-        draft = drafts[draft_format, draft_vocab]
-        timed_target = engines[f"specdec plain ({label})"].target
+        if id(target) not in timed:
+            timed[id(target)] = dataclasses.replace(target, runner=TimedRunner(target.runner))
+            bytes_per_token[label] = weight_bytes_per_token(target.runner.decoder)
+            engines[f"specdec plain ({label})"] = plain_engine(timed[id(target)])
         draft_label = draft.describe().split("[")[1].rstrip("]").replace("native, bfloat16", "").strip(", ") or "bf16"
         for k in args.k:
-            engines[f"specdec draft k={k} [{draft_label} draft] ({label})"] = SpecEngine(
-                timed_target, DraftModelProposer(TimedRunner(draft.runner)), target.tokenizer, k=k,
-                eos_token_ids=target.eos_token_ids)
+            engines[f"specdec draft k={k} [{draft_label} draft] ({label})"] = engine_for(
+                config.with_method("draft", k=k), timed[id(target)],
+                dataclasses.replace(draft, runner=TimedRunner(draft.runner)))
     return {}, engines
 
 

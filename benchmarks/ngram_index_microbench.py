@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.proposers import NgramIndex, NgramProposer, ProposeContext, find_match
+from specdec.config import SpecConfig
+from specdec.factory import proposer_for
+from specdec.proposers import NgramIndex, ProposeContext, find_match
 from specdec.sampling import SamplingParams
 
 
@@ -66,9 +68,10 @@ def bench(context_len: int, steps: int, max_k: int, per_step: int = 3) -> dict:
             index.extend(stream[start : start + per_step])
         index.lookup(max_k)
 
-    # The proposer as the engine calls it: a [1, L] tensor in, a DraftProposal out.
+    # The proposer as the engine calls it (`specdec generate --method ngram -k K`'s): a [1, L] tensor in, a
+    # DraftProposal out.
     tensor = torch.tensor([stream])
-    proposer = NgramProposer(3, 1)
+    proposer = proposer_for(SpecConfig(method="ngram", k=max_k), None)
     proposer.propose(ProposeContext(tensor[:, :context_len], SamplingParams(), None, 32_000), max_k)
 
     def proposed(i: int) -> None:

@@ -13,7 +13,9 @@ median of per-prompt ratios), mean accepted length tau, acceptance rate.
   python benchmarks/ngram_methods.py --methods "ngram:k=8" "ngram:k=12,ngram_max=4" --prompts 2
 
 A method is NAME[:option=value,...] with NAME from `specdec generate --help`
-and options k, ngram_max, ngram_min, draft_k.
+and options k, ngram_max, ngram_min, draft_k; its engine is the one `specdec generate --method NAME
+-k K --ngram-max ... --backend B --quantize Q` runs, built by the same factory
+(benchmarks/public_engines.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import json
 import statistics
 from pathlib import Path
 
+from public_engines import build_engines  # benchmarks/public_engines.py
+
 from specdec.bench.suites import suite
-from specdec.engine import SpecEngine
-from specdec.models.loader import check_same_vocabulary, load_model
-from specdec.proposers.registry import build_proposer, needs_draft_model
+from specdec.config import QUANTIZATIONS, NgramOptions, SpecConfig
 from specdec.sampling import SamplingParams
 
 DEFAULT_METHODS = [
@@ -43,6 +45,15 @@ def parse_method(spec: str) -> tuple[str, dict]:
             raise ValueError(f"unknown option {key!r} in method {spec!r}")
         parsed[key] = int(value)
     return name, parsed
+
+
+def spec_config(spec: str, args) -> SpecConfig:
+    """A method's SpecConfig: its options over --target, --draft, --backend and --quantize."""
+    name, options = parse_method(spec)
+    ngram = NgramOptions(**{key.removeprefix("ngram_"): options[key] for key in ("ngram_max", "ngram_min")
+                            if key in options})
+    return SpecConfig(target=args.target, method=name, k=options.get("k", 4), draft=args.draft,
+                      backend=args.backend, quantize=args.quantize, ngram=ngram, draft_k=options.get("draft_k"))
 
 
 def summarise(rows: list[dict], methods: list[str]) -> str:
@@ -83,11 +94,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--backend", default="hf", choices=["hf", "native"],
                         help="model backend (default: hf, which the README's n-gram table was measured with)")
+    parser.add_argument("--quantize", default="none", choices=["auto", *QUANTIZATIONS],
+                        help="the target's weights (default: none, as the README's n-gram table was measured; "
+                             "auto is generate's default); the draft's are auto, int4 on native bf16 CPUs")
     parser.add_argument("--out", default="benchmarks/results/ngram_methods.jsonl")
     parser.add_argument("--summary-only", action="store_true", help="print the summary of --out; load no model")
     args = parser.parse_args()
     methods = ["autoregressive"] + [m for m in args.methods if m != "autoregressive"]
-    parsed = {m: parse_method(m) for m in methods}
+    configs = {m: spec_config(m, args) for m in methods}  # a typo fails here, before any model loads
 
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,18 +111,7 @@ def main() -> None:
         print(summarise(rows, methods))
         return
 
-    target = load_model(args.target, backend=args.backend)
-    draft = None
-    if any(needs_draft_model(name) for name, _ in parsed.values()):
-        draft = load_model(args.draft, backend=args.backend, quantize="auto", role="draft")  # int4 on native bf16 CPUs
-        check_same_vocabulary(target.tokenizer, draft.tokenizer)
-    tokenizer = target.tokenizer
-    eos = target.eos_token_ids
-    engines = {}
-    for method, (name, options) in parsed.items():
-        k = options.pop("k", 4)
-        proposer = build_proposer(name, draft_runner=draft.runner if draft else None, **options)
-        engines[method] = SpecEngine(target.runner, proposer, tokenizer, k=k, eos_token_ids=eos)
+    engines = build_engines(configs)
     params = SamplingParams(temperature=0.0)
     for engine in engines.values():  # warm-up: allocations, kernel selection
         engine.generate("def f(x): return x", params, max_new_tokens=8, chat=True)

@@ -20,12 +20,15 @@ with SIGSEGV on a Sapphire Rapids Xeon).
   python benchmarks/peers.py --llama plain --openvino plain lookup --specdec "specdec copy=copy:k=auto,quantize=w4a8"
 
 A specdec configuration is LABEL=METHOD[:k=K][,quantize=Q] (LABEL without "="; METHOD from
-`specdec generate --help`, K a number or auto, Q the target's weights).
+`specdec generate --help`, K a number or auto (default 4), Q the target's weights (default none)).
+Its engine is the one `specdec generate --method METHOD -k K --quantize Q` runs, built by the same
+factory (benchmarks/public_engines.py), every other option at its default.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -36,12 +39,12 @@ from pathlib import Path
 
 import llama_cpp_peer as llama_cpp  # benchmarks/llama_cpp_peer.py (not the llama-cpp-python package)
 import openvino_peer  # benchmarks/openvino_peer.py
+from public_engines import build_engines as factory_engines  # benchmarks/public_engines.py
 
 from specdec.bench.prompt_sets import load_prompts
+from specdec.config import SpecConfig
 from specdec.engine import SpecEngine
 from specdec.models.cpu_features import cpu_model, effective_isa
-from specdec.models.loader import load_model
-from specdec.proposers.registry import build_proposer, needs_draft_model
 from specdec.sampling import SamplingParams
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -120,23 +123,18 @@ def run_specdec(engine: SpecEngine, prompt_ids: list[int], args) -> dict:
                 prefill_s=stats.prefill_time_s, tau=stats.mean_accepted_length, token_ids=out.token_ids, errors=[])
 
 
+def spec_config(text: str) -> tuple[str, SpecConfig]:
+    """(label, the SpecConfig `specdec generate --method METHOD -k K --quantize Q` builds), the draft
+    the llama.cpp and OpenVINO rows draft with (its weights: the default, auto)."""
+    label, method, k, quantize = parse_config(text)
+    config = SpecConfig(target=TARGET, method=method, k=k, quantize=quantize)
+    return label, dataclasses.replace(config, draft=DRAFT) if config.needs_draft_model else config
+
+
 def build_engines(configs: list[str]) -> dict[str, SpecEngine]:
-    targets, engines, draft = {}, {}, None
-    for text in configs:
-        label, method, k, quantize = parse_config(text)
-        if quantize not in targets:
-            targets[quantize] = load_model(TARGET, quantize=quantize, progress=False)
-        target = targets[quantize]
-        draft_runner = None
-        if needs_draft_model(method):
-            draft = draft or load_model(DRAFT, quantize="auto", progress=False, role="draft")
-            draft_runner = draft.runner
-        adaptive = k == "auto"
-        proposer = None if method == "autoregressive" else build_proposer(
-            method, draft_runner=draft_runner, adaptive=adaptive)
-        engines[label] = SpecEngine(target.runner, proposer, target.tokenizer, k=k,
-                                    eos_token_ids=target.eos_token_ids)
-    return engines
+    """Each configuration's engine as specdec.load builds it (public_engines.py: the factory), each
+    target format and the draft loaded once."""
+    return factory_engines(dict(spec_config(text) for text in configs))
 
 
 def summarise(rows: list[dict]) -> str:

@@ -15,12 +15,13 @@ each checkout (interleaved, several rounds, medians), e.g.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import textwrap
 
-from specdec.engine import SpecEngine
-from specdec.models.loader import load_model
+from specdec.config import SpecConfig
+from specdec.factory import load_models, plain_engine
 from specdec.sampling import SamplingParams
 
 
@@ -28,8 +29,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
-    target = load_model("qwen2.5-coder-1.5b", progress=False, dtype=args.dtype)
-    engine = SpecEngine(target.runner, None, target.tokenizer, eos_token_ids=frozenset())
+    target, _ = load_models(SpecConfig(target="qwen2.5-coder-1.5b", dtype=args.dtype, quantize="none"), progress=False)
+    # The factory's plain engine (`specdec generate --method autoregressive --quantize none`), but no
+    # token ends a request: each prompt decodes all its 64 tokens, so every run times as many steps.
+    engine = plain_engine(dataclasses.replace(target, eos_token_ids=frozenset()))
     params = SamplingParams(temperature=0)
     engine.generate("hi", params, max_new_tokens=4, chat=True)  # warm-up
     prompts = {"short": "Write a Python function that merges two sorted lists into one sorted list.",

@@ -9,11 +9,11 @@ import sys
 import time
 sys.path.insert(0, "benchmarks")
 from peers import load_prompts, TARGET
-from specdec.models.loader import load_model
-from specdec.proposers.registry import build_proposer
-from specdec.engine import SpecEngine
+from public_engines import SharedModels  # the factory's engines: `specdec generate --method M -k auto --quantize w4a8`
+from specdec.config import SpecConfig
 from specdec.sampling import SamplingParams
-target = load_model(TARGET, quantize="w4a8", progress=False)
+models = SharedModels()
+target = models.target(SpecConfig(target=TARGET, quantize="w4a8"))
 prompts = load_prompts(["specdec"], 1)
 want = sys.argv[1].split(",")
 for prompt in prompts:
@@ -21,14 +21,13 @@ for prompt in prompts:
     text = target.tokenizer.apply_chat_template([{"role": "user", "content": prompt.turns[0]}], tokenize=False, add_generation_prompt=True)
     ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
     for method in ["autoregressive", "ngram", "suffix", "copy", "autoregressive", "copy", "suffix"]:
-        proposer = None if method == "autoregressive" else build_proposer(method, adaptive=True)
-        spent = [0.0, 0]
+        engine = models.engine(SpecConfig(target=TARGET, method=method, k="auto", quantize="w4a8"))
+        proposer, spent = engine.proposer, [0.0, 0]
         if proposer is not None:
             orig = proposer.propose
             def timed(ctx, k, orig=orig):
                 t = time.perf_counter(); r = orig(ctx, k); spent[0] += time.perf_counter() - t; spent[1] += 1; return r
-            proposer.propose = timed
-        engine = SpecEngine(target.runner, proposer, target.tokenizer, k="auto", eos_token_ids=target.eos_token_ids)
+            proposer.propose = timed  # the engine's own proposer object, so every step goes through the timer
         out = engine.generate(ids, SamplingParams(temperature=0), max_new_tokens=128)
         s = out.stats
         print(f"{prompt.category:10s} {method:14s} {s.generated_tokens / s.decode_time_s:6.1f} tok/s tau {s.mean_accepted_length:.2f} "

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
+from specdec.config import SpecConfig
+from specdec.factory import proposer_for
 from specdec.proposers.base import ProposeContext
-from specdec.proposers.suffix import SuffixOptions, SuffixProposer
+from specdec.proposers.suffix import SuffixOptions
 from specdec.sampling import SamplingParams
 
 VOCAB = 32_000
@@ -48,7 +50,10 @@ def token_stream(length: int, rng: random.Random, pool: list[int] | None = None)
 def bench(context_len: int, cache_requests: int, steps: int, max_k: int, per_step: int = 3) -> dict:
     rng = random.Random(context_len * 7 + cache_requests)
     shared = token_stream(4096, rng)  # what the requests of this workload have in common
-    proposer = SuffixProposer(options=SuffixOptions(cache_requests=max(cache_requests, 1)))
+    # The proposer `specdec generate --method suffix --suffix-cache-requests N` drafts with, called as
+    # the engine calls it.
+    proposer = proposer_for(SpecConfig(method="suffix", k=max_k,
+                                       suffix=SuffixOptions(cache_requests=max(cache_requests, 1))), None)
     started = time.perf_counter()
     for _ in range(cache_requests):
         proposer.end_request([], token_stream(256, rng, shared))

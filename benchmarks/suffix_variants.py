@@ -27,9 +27,13 @@ from pathlib import Path
 
 from specdec.analysis.replay import cost_table, flat_cost, recorded_turns, replay, tally
 from specdec.bench.harness import read_results
+from specdec.config import SpecConfig
+from specdec.factory import proposer_for
 from specdec.proposers.suffix import SuffixDraft, SuffixOptions, SuffixProposer, speculate
 
 
+# Anchored and Scored change suffix decoding's code, not its options: subclasses, which no SpecConfig
+# names, so they are built by hand; the variants that are options go through the factory (main).
 class Anchored(SuffixProposer):
     """Cached answers start with their prompt's last `anchor` tokens."""
 
@@ -100,14 +104,15 @@ def main() -> None:
     cost, label = cost_table(args.costs) if args.costs else (flat_cost, "every forward one step")
     base = SuffixOptions(**header.get("suffix", {}))
 
-    def options(**changes) -> SuffixOptions:
-        return SuffixOptions(**{**base.__dict__, **changes})
+    def shipped(**changes):  # the proposer `specdec generate --method suffix -k K` with these options drafts with
+        return proposer_for(SpecConfig(method="suffix", k=args.k, suffix=SuffixOptions(**{**base.__dict__, **changes})),
+                            None)
 
-    variants = {"as shipped": lambda: SuffixProposer(None, base)}
+    variants = {"as shipped": shipped}
     for factor in (2.0, 4.0):
-        variants[f"spec factor {factor:g}"] = lambda factor=factor: SuffixProposer(None, options(spec_factor=factor))
+        variants[f"spec factor {factor:g}"] = lambda factor=factor: shipped(spec_factor=factor)
     for probability in (0.05, 0.2):
-        variants[f"min prob {probability:g}"] = lambda p=probability: SuffixProposer(None, options(min_token_prob=p))
+        variants[f"min prob {probability:g}"] = lambda p=probability: shipped(min_token_prob=p)
     for anchor in (3, 5):
         variants[f"anchor {anchor}"] = lambda anchor=anchor: Anchored(base, anchor)
     for nodes in (4, 8, 16):

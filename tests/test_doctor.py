@@ -77,3 +77,29 @@ def test_doctor_refuses_bad_context_lengths(contexts, capsys):
 def test_doctor_with_an_unknown_model_is_a_clear_error(tmp_path, capsys):
     assert main(["doctor", "--target", str(tmp_path / "nowhere")]) == 2
     assert "specdec: error:" in capsys.readouterr().err
+
+
+def test_doctor_writes_the_cost_table_specdec_costs_writes(model_dir, tmp_path, capsys):
+    """--costs FILE is `specdec costs --out FILE` for the same target: one file, the one replay reads."""
+    from specdec.analysis.machine_costs import TARGET_ROWS
+
+    path = tmp_path / "costs.json"
+    status = main(["doctor", "--target", str(model_dir), "--dtype", "float32", "--quantize", "none", "--contexts", "5",
+                   "--no-costs", "--cost-context", "24", "--costs", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "GUARANTEED here" in out and "cost of a forward after" not in out  # --no-costs: the roofline only
+    table = json.loads(path.read_text())
+    target = table["results"][0]
+    assert target["context"] == 24 and [int(n) for n in target["step_ms"]] == list(TARGET_ROWS)
+    assert target["quantize"] == "none" and target["ratio"]["1"] == 1.0 and "draft" not in table
+    assert f"wrote {path}" in out and "specdec replay BENCH_DIR --costs" in out
+
+
+@pytest.mark.parametrize("argv, message", [(["--synthetic"], "give --target, not --synthetic"),
+                                           (["--target", "."], "is a directory")])
+def test_doctor_refuses_a_bad_costs_option_before_probing(argv, message, tmp_path, capsys):
+    costs = str(tmp_path) if "--target" in argv else str(tmp_path / "costs.json")
+    assert main(["doctor", *argv, "--costs", costs]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "bit-exact" not in captured.out

@@ -19,6 +19,7 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +32,8 @@ EPILOG = """examples:
   specdec doctor --synthetic              one full-size layer with random weights (no model files)
   ONEDNN_MAX_CPU_ISA=AVX2 specdec doctor  the path an AVX2-only CPU takes
   specdec doctor --no-costs               the exactness probe only (skips the ~30 s cost table)
+  specdec doctor --costs costs.json       and the cost table `specdec replay --costs` reads, as
+                                          `specdec costs --out costs.json` writes it
 
 "Guaranteed" means: on this machine, at this thread count, every probe gave
 bit-identical logits, so a position decodes the same whether it is alone,
@@ -43,6 +46,7 @@ n tokens against one token (verifying k drafts costs the k+1 row), "x floor" how
 far that forward is from the larger of its two floors. `-k auto` and
 `--tree-size auto` measure the same costs while they run.
 """
+COST_CONTEXT = 512  # cached tokens before the cost table's forwards, unless --cost-context
 
 
 def add_doctor_command(sub) -> None:
@@ -62,8 +66,12 @@ def add_doctor_command(sub) -> None:
                              "16..4097 around every power of two with --synthetic)")
     doctor.add_argument("--no-costs", action="store_true",
                         help="skip the cost table (forwards of 1..33 tokens against their floors)")
-    doctor.add_argument("--cost-context", type=positive_int, default=512, metavar="N",
-                        help="cached tokens before the cost table's forwards (default: 512)")
+    doctor.add_argument("--cost-context", type=positive_int, default=None, metavar="N",
+                        help=f"cached tokens before the cost table's forwards (default: {COST_CONTEXT}), and before "
+                             "--costs FILE's (default: `specdec costs --context`'s)")
+    doctor.add_argument("--costs", metavar="FILE", default=None,
+                        help="also write the target's cost table to FILE: `specdec costs --out FILE` for this "
+                             "--target, --device, --dtype and --quantize (the file `specdec replay --costs` reads)")
     doctor.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
 
 
@@ -132,36 +140,79 @@ def kernels_in_use(decoder) -> dict:
                          f"({where})"}
 
 
-def cmd_doctor(args) -> int:
-    from specdec.models.loader import auto_quantization, load_model, resolve_device, resolve_dtype
+def probed_runner(args, device: torch.device):
+    """(runner, its description, the chunking probe's contexts) of --synthetic's random layer or of
+    --target; None for a target on the transformers backend (said on stdout: nothing to probe)."""
+    from specdec.models.loader import auto_quantization, load_model, resolve_dtype
     from specdec.models.native import NativeRunner
-    from specdec.models.native.invariance import QWEN2_5_1_5B_LAYER, contexts_around_powers_of_two, \
-        probe_batched_rows, probe_chunkings, probe_projections, probe_tree, random_decoder
+    from specdec.models.native.invariance import QWEN2_5_1_5B_LAYER, contexts_around_powers_of_two, random_decoder
 
-    started = time.perf_counter()
-    device = resolve_device(args.device)
-    facts = machine_facts(device)
-    _print_facts(facts)
     if args.synthetic:
         dtype = resolve_dtype(args.dtype, device, "native")
         quantize = (auto_quantization("native", device, dtype, "target") if args.quantize == "auto"
                     else args.quantize)
         decoder = random_decoder(QWEN2_5_1_5B_LAYER, dtype=dtype, device=device, quantize=quantize)
         runner = NativeRunner(decoder, initial_cache_len=4096 + 64)
-        model = "one Qwen2.5-1.5B-sized layer, random weights"
         contexts = args.contexts or contexts_around_powers_of_two(4096)
-    else:
-        cache = check_cached_files(args.target)
-        if cache:
-            print(f"cache:     {cache}")
-        loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                            probe=False)  # the probe below is the full one
-        if loaded.backend != "native":
-            print(f"model: {args.target} runs on the transformers backend: its kernels are transformers' own; "
-                  "bit-exact greedy equality is NOT guaranteed (only the native decoder is built for it)")
-            return 1
-        runner, model = loaded.runner, loaded.describe()
-        contexts = args.contexts or [64, 255, 513]
+        return runner, "one Qwen2.5-1.5B-sized layer, random weights", contexts
+    cache = check_cached_files(args.target)
+    if cache:
+        print(f"cache:     {cache}")
+    loaded = load_model(args.target, device=args.device, dtype=args.dtype, quantize=args.quantize,
+                        probe=False)  # the probe below is the full one
+    if loaded.backend != "native":
+        print(f"model: {args.target} runs on the transformers backend: its kernels are transformers' own; "
+              "bit-exact greedy equality is NOT guaranteed (only the native decoder is built for it)")
+        return None
+    return loaded.runner, loaded.describe(), args.contexts or [64, 255, 513]
+
+
+def check_costs_option(args) -> None:
+    """--costs FILE's mistakes, before anything loads or is probed."""
+    if args.costs is None:
+        return
+    if args.synthetic:
+        raise ValueError("--costs times a real model's forwards: give --target, not --synthetic")
+    if Path(args.costs).is_dir():
+        raise ValueError(f"--costs {args.costs!r} is a directory; name the JSON file to write")
+
+
+def write_costs(args) -> None:
+    """--costs FILE: `specdec costs` itself (costs_cli.py), parsed from the flags it shares with doctor,
+    so both commands write one file the same way."""
+    from specdec.costs_cli import add_costs_command, cmd_costs
+
+    parser = argparse.ArgumentParser(prog="specdec")
+    add_costs_command(parser.add_subparsers())
+    argv = ["costs", "--target", args.target, "--device", args.device, "--dtype", args.dtype,
+            "--quantize", args.quantize, "--out", args.costs]
+    if args.cost_context is not None:
+        argv += ["--context", str(args.cost_context)]
+    print()
+    cmd_costs(parser.parse_args(argv))
+
+
+def cmd_doctor(args) -> int:
+    """The probe's verdict as the exit status (0 exact, 1 not); then --costs FILE, written either way."""
+    check_costs_option(args)
+    status = probe_and_report(args)
+    if args.costs is not None:
+        write_costs(args)
+    return status
+
+
+def probe_and_report(args) -> int:
+    from specdec.models.loader import resolve_device
+    from specdec.models.native.invariance import probe_batched_rows, probe_chunkings, probe_projections, probe_tree
+
+    started = time.perf_counter()
+    device = resolve_device(args.device)
+    facts = machine_facts(device)
+    _print_facts(facts)
+    probed = probed_runner(args, device)
+    if probed is None:
+        return 1
+    runner, model, contexts = probed
     contexts = [c for c in contexts if c + 16 <= runner.max_context]
     kernels = kernels_in_use(runner.decoder)
     print(f"model:     {model}")
@@ -198,7 +249,7 @@ def cmd_doctor(args) -> int:
     if not args.synthetic and not args.no_costs:  # one random-weight layer has no costs worth showing
         from specdec.analysis.roofline import cost_curve
 
-        context = max(1, min(args.cost_context, runner.max_context - 33))
+        context = max(1, min(args.cost_context or COST_CONTEXT, runner.max_context - 33))
         costs = cost_curve(runner, context=context)
         print("\n" + costs.table())
     if args.json:

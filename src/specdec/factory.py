@@ -2,7 +2,8 @@
 
 The CLI (generate, demo, bench, analyze, verify, serve, train-head), the Python API
 (`specdec.load`) and the server all come through here, so one config builds the same
-engine whichever door a user takes. Checks that cost no model load (the method's
+engine whichever door a user takes; the scripts in benchmarks/ do too (public_engines.py
+there), so a measured row is a user's engine. Checks that cost no model load (the method's
 options, a head's checkpoint on disk) run before anything is loaded.
 """
 
@@ -47,13 +48,22 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
     log(f"  {target.describe()} from {target.path} in {target.load_time_s:.1f}s")
     draft = None
     if need_draft:
-        name = config.draft or DEFAULT_DRAFT
-        log(f"loading draft {name} ...")
-        draft = load_model(name, **shared, quantize=config.draft_quantize, head_vocab=config.draft_vocab,
-                           role="draft")
-        log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
+        draft = load_draft(config, log=log, progress=progress)
         check_same_vocabulary(target.tokenizer, draft.tokenizer)
     return target, draft
+
+
+def load_draft(config: SpecConfig, *, log: Log = log_to_stderr, progress: bool = True):
+    """The draft model alone, as load_models loads it (an unnamed draft is the default draft): for
+    callers that share one draft among targets of several formats (benchmarks/)."""
+    from specdec.models.loader import load_model
+
+    name = config.draft or DEFAULT_DRAFT
+    log(f"loading draft {name} ...")
+    draft = load_model(name, device=config.device, dtype=config.dtype, backend=config.backend, progress=progress,
+                       quantize=config.draft_quantize, head_vocab=config.draft_vocab, role="draft")
+    log(f"  {draft.describe()} from {draft.path} in {draft.load_time_s:.1f}s")
+    return draft
 
 
 def proposer_for(config: SpecConfig, target, draft=None, *,
