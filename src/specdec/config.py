@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from specdec.models.native.linear import QUANTIZATIONS
+from specdec.proposers.draft_model import DEFAULT_CONFIDENCE
 from specdec.proposers.lookahead import LookaheadOptions
 from specdec.proposers.ngram import check_ngram_args
 from specdec.proposers.registry import AUTO_METHOD, METHODS, check_method, head_kind, needs_draft_model, resolve_method
@@ -77,7 +78,7 @@ class SpecConfig:
     k: int | str = "auto"
     draft: str | None = None
     max_k: int = 8
-    draft_confidence: float = 0.4  # with k auto the draft model stops below this probability
+    draft_confidence: float = DEFAULT_CONFIDENCE  # with k auto the draft model stops below this probability
     draft_k: int | None = None  # ngram+draft: at most this many draft-model tokens (None: k)
     device: str = "auto"
     dtype: str = "auto"

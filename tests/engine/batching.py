@@ -7,7 +7,9 @@ from conftest import make_model, make_native
 from specdec.engine import SpecEngine
 from specdec.engine.batch import BatchEngine
 from specdec.proposers import DraftModelProposer, NgramProposer
-from specdec.proposers.hybrid import NgramThenDraftProposer
+from specdec.proposers.batched import RowwiseProposer
+from specdec.proposers.copy_draft import CopyThenDraftProposer
+from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadProposer
 from specdec.proposers.registry import build_proposer
 from specdec.proposers.scored_copy import CopyCorpus, CopyOptions, ScoredCopyProposer, StepCosts
@@ -17,6 +19,7 @@ PROMPTS = ["the quick brown fox", "a", "hello hello hello hello", "abc abc abc, 
            "one two three four five six seven"]
 SLOTS = 3
 NO_CACHE = SuffixOptions(cache_requests=0)
+DRAFT_FORWARD_COST = 0.3  # copy+draft's fixed price of a draft forward: choices that follow no timing
 
 
 def tiny_pair():
@@ -33,7 +36,13 @@ def single_engine(models, tokenizer, method, k=3):
                 "suffix": SuffixProposer(options=NO_CACHE), "lookahead": LookaheadProposer(),
                 # Fixed costs: draft lengths that do not follow the machine's timings, so seeded draws repeat.
                 "copy": ScoredCopyProposer(corpus=CopyCorpus(0), step_costs=StepCosts(measured=False)),
-                "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft))}[method]
+                "ngram+draft": NgramThenDraftProposer(NgramProposer(), DraftModelProposer(draft)),
+                "copy+draft": None}[method]
+    if method == "copy+draft":  # as batched_engine builds it, one row
+        costs = StepCosts(measured=False)
+        copy = RowwiseProposer(lambda: ScoredCopyProposer(corpus=CopyCorpus(0), step_costs=costs), 1)
+        proposer = CopyThenDraftProposer(copy, DraftModelProposer(draft, 0.4, context_window=DRAFT_CONTEXT_WINDOW),
+                                         forward_cost=DRAFT_FORWARD_COST, learn_across_requests=False)
     return SpecEngine(target, proposer, tokenizer, k=k)
 
 
@@ -41,6 +50,8 @@ def batched_engine(models, tokenizer, method, k=3, slots=SLOTS):
     target, draft = make_native(models[0], batch_size=slots), make_native(models[1], batch_size=slots)
     proposer = build_proposer(method, slots=slots, draft_runner=draft, suffix=NO_CACHE,
                               copy=CopyOptions(corpus_tokens=0))
-    if method == "copy":
+    if method in ("copy", "copy+draft"):
         proposer.step_costs.measured = False  # as single_engine's
+    if method == "copy+draft":
+        proposer.forward_cost, proposer.learn_across_requests = DRAFT_FORWARD_COST, False
     return BatchEngine(target, proposer, tokenizer, k=k)

@@ -23,7 +23,8 @@ def models():
     return tiny_pair()
 
 
-@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "ngram+draft", "suffix", "lookahead", "copy"])
+@pytest.mark.parametrize("method", ["autoregressive", "draft", "ngram", "ngram+draft", "suffix", "lookahead", "copy",
+                                    "copy+draft"])
 def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
     single = single_engine(models, tokenizer, method)
     batched = batched_engine(models, tokenizer, method)
@@ -36,7 +37,7 @@ def test_batched_greedy_equals_each_request_alone(models, tokenizer, method):
         assert got[i] == (alone.token_ids, alone.finish_reason), f"request {i}"
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram", "ngram+draft", "suffix", "lookahead", "copy"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "ngram+draft", "suffix", "lookahead", "copy", "copy+draft"])
 def test_batched_seeded_sampling_equals_each_request_alone(models, tokenizer, method):
     """Each row draws from its own generator exactly what it would draw alone, mixed params in one batch."""
     single = single_engine(models, tokenizer, method)

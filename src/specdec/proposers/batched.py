@@ -111,6 +111,13 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
                          lookaheads=lookaheads if any(extra is not None for extra in lookaheads) else None)
 
 
+def row_of(proposal: DraftProposal, row: int) -> DraftProposal:
+    """Row `row` of a batched proposal [B, k], trimmed to its real tokens: [1, k_row]."""
+    count = int(proposal.num_tokens[row])
+    return DraftProposal(proposal.token_ids[row:row + 1, :count], proposal.num_tokens[row:row + 1],
+                         None if proposal.probs is None else proposal.probs[row:row + 1, :count])
+
+
 class RowwiseProposer(BatchProposer):
     """One single-sequence proposer per row; propose() asks each row's in turn.
 

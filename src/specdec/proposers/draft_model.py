@@ -58,6 +58,7 @@ def match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 CATCH_UP_CHUNK = 64  # prompt tokens the draft reads per step while it is behind
 CONTEXT_WINDOW = 256  # the draft reads at most this many of the prompt's last tokens
+DEFAULT_CONFIDENCE = 0.4  # -k auto's stop: below this probability a drafted token ends the row's draft
 
 
 class DraftModelProposer(BatchProposer):
@@ -90,6 +91,10 @@ class DraftModelProposer(BatchProposer):
         cached = self._row_length(row)
         skipped = self._skipped[row] if cached else self._window_skip(context_len)
         return max(0, context_len - cached - skipped)
+
+    def has_read(self, row: int) -> bool:
+        """Whether the row's draft has read any of its request (a fresh row reads its window first)."""
+        return self._row_length(row) > 0
 
     def _window_skip(self, context_len: int) -> int:  # leading tokens a fresh request's draft never reads
         return 0 if self.context_window is None else max(0, context_len - self.context_window)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, Source
-from specdec.proposers.batched import BatchProposer, as_batch, pad_proposals
+from specdec.proposers.batched import BatchProposer, as_batch, pad_proposals, row_of
 from specdec.proposers.draft_model import DraftModelProposer
 
 DRAFT = Source("draft", reads_backlog=True)
@@ -93,7 +93,7 @@ class NgramThenDraftProposer(BatchProposer):
         if not any(self._copied):
             return drafted
         device = contexts[0].token_ids.device
-        rows = [_row_of(copied if by_ngram else drafted, row) for row, by_ngram in enumerate(self._copied)]
+        rows = [row_of(copied if by_ngram else drafted, row) for row, by_ngram in enumerate(self._copied)]
         return pad_proposals(rows, contexts[0].vocab_size, device)
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
@@ -110,9 +110,3 @@ class NgramThenDraftProposer(BatchProposer):
         self.ngram.move_row(source, destination)
         self.draft.move_row(source, destination)
 
-
-def _row_of(proposal: DraftProposal, row: int) -> DraftProposal:
-    """Row `row` of a batched proposal, trimmed to its real tokens."""
-    count = int(proposal.num_tokens[row])
-    return DraftProposal(proposal.token_ids[row:row + 1, :count], proposal.num_tokens[row:row + 1],
-                         None if proposal.probs is None else proposal.probs[row:row + 1, :count])

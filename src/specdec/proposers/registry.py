@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
+from specdec.proposers.copy_draft import CopyThenDraftProposer
 from specdec.proposers.batched import BatchProposer, RowwiseProposer
-from specdec.proposers.draft_model import CONTEXT_WINDOW, DraftModelProposer
+from specdec.proposers.draft_model import CONTEXT_WINDOW, DEFAULT_CONFIDENCE, DraftModelProposer
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
@@ -32,11 +33,13 @@ METHODS = {
     "copy": "scored copying: every continuation this request and earlier ones offer, each token's acceptance "
             "estimated by a fitted score, the candidate and length with the most tokens per second under the "
             "machine's measured costs; no draft model",
+    "copy+draft": "scored copying and the draft model: each step drafted by the one whose expected tokens per "
+                  "second is higher (copying's fitted score, the draft model's measured rate and time)",
     "suffix": "suffix decoding: frequency-scored draft trees from suffix trees over this request and earlier "
               "requests' outputs (a cache shared across requests); no draft model",
 }
 AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads
-_NEEDS_DRAFT_MODEL = {"draft", "ngram+draft"}
+_NEEDS_DRAFT_MODEL = {"draft", "ngram+draft", "copy+draft"}
 _HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "eagle3": "eagle3", "eagle3-tree": "eagle3",
               "medusa": "medusa"}  # method -> trained head it loads
 DEFAULT_TREE_SIZE = {"eagle-tree": 10, "eagle3-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
@@ -54,9 +57,9 @@ def default_method(device_type: str) -> str:
     CPU: ngram (prompt lookup) with -k auto. In the peer runs it was specdec's fastest
     configuration on both CPUs measured, and at least specdec's own plain decoding in every
     category, ahead of the draft model with -k auto, whose step costs a large share of the
-    target's, too dear for prose acceptance (an AVX2 EPYC: benchmarks/RESULTS.md, "An AVX2-only
+    target's, too dear for prose acceptance (an AVX2 EPYC: docs/history.md, "An AVX2-only
     CPU: w4a8 that counts its multiplies, attention that keeps the cores busy, a controller that
-    counts the draft's prefill (issue 19, third part)"; an AVX-512 EPYC: benchmarks/RESULTS.md,
+    counts the draft's prefill (issue 19, third part)"; an AVX-512 EPYC: docs/history.md,
     "4-bit targets on specdec's own kernel, attention in one call: w4a8 (issue 19, second part)").
     It also loads no draft model.
 
@@ -64,7 +67,7 @@ def default_method(device_type: str) -> str:
     the 0.5B draft's step costs as much as the 1.5B target's, so drafting k tokens costs k
     target steps, and even a draft whose every token is accepted (the target drafting for
     itself) barely beat plain decoding, while a 64-token verification costs what one token
-    does, which ngram needs (benchmarks/RESULTS.md, "Exact on a GPU: one step shape on CUDA
+    does, which ngram needs (docs/history.md, "Exact on a GPU: one step shape on CUDA
     (exactness, first GPU lease)"). Revisit when the step is captured in CUDA graphs and a
     draft step costs its weights' read.
     """
@@ -149,10 +152,8 @@ def build_proposer(
         return per_row(lambda: SuffixProposer(cache, options))
     if method == "lookahead":
         return per_row(lambda: LookaheadProposer(lookahead))
-    if method == "copy":  # one scorer, one cost curve and one corpus per tenant, shared by the rows
-        options = copy or CopyOptions()
-        scorer, costs, corpora = load_scorer(options.scorer), options.new_step_costs(), options.new_tenant_corpora()
-        return per_row(lambda: ScoredCopyProposer(scorer, corpora, costs, trees=options.trees))
+    if method == "copy":
+        return per_row(_scored_copy_maker(copy))
     if head_kind(method) is not None:
         size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
         if size == "auto" and slots > 1:
@@ -168,11 +169,23 @@ def build_proposer(
                          "with_batch_size(slots)")
     # Under ngram+draft the draft reads a shorter window of the prompt (hybrid.py says why).
     window = CONTEXT_WINDOW if method == "draft" else DRAFT_CONTEXT_WINDOW
-    draft = DraftModelProposer(draft_runner, draft_confidence if adaptive else None, context_window=window)
+    confidence = draft_confidence if adaptive else None
+    if method == "copy+draft":  # it sizes its own steps whatever k is: its draft model always stops where unsure
+        confidence = DEFAULT_CONFIDENCE if draft_confidence is None else draft_confidence
+    draft = DraftModelProposer(draft_runner, confidence, context_window=window)
     if method == "draft":
         return draft
+    if method == "copy+draft":
+        return CopyThenDraftProposer(RowwiseProposer(_scored_copy_maker(copy), slots), draft, draft_k)
     # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates (hybrid.py).
     return NgramThenDraftProposer(per_row(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break)), draft, draft_k)
+
+
+def _scored_copy_maker(copy: CopyOptions | None) -> Callable[[], ScoredCopyProposer]:
+    """Scored copying's rows: one scorer, one cost curve and one corpus per tenant, shared by the rows."""
+    options = copy or CopyOptions()
+    scorer, costs, corpora = load_scorer(options.scorer), options.new_step_costs(), options.new_tenant_corpora()
+    return lambda: ScoredCopyProposer(scorer, corpora, costs, trees=options.trees)
 
 
 def _head_proposer(method: str, head, vocabulary, tree_size: int, tree_topk: int) -> Proposer:

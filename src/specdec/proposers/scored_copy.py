@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,15 +125,23 @@ class StepCosts:
         self.times = RecentTimes(window)
         self.tree_times = RecentTimes(window)
         self.measured = measured
+        self._one_token: deque[float] = deque(maxlen=window)  # 1-token steps' seconds, kept even for a fixed table
         self._curves: tuple[CostFn, CostFn | None] | None = (self.prior, tree_prior)  # rebuilt after a record
 
     def record(self, tokens: int, seconds: float, tree: bool = False) -> None:
+        if tokens == 1:
+            self._one_token.append(seconds)
         if self.measured:
             (self.tree_times if tree else self.times).add(tokens, seconds)
             self._curves = None
 
     def cost(self, tokens: int) -> float:
         return self._current()[0](tokens)
+
+    def step_seconds(self) -> float | None:
+        """A 1-token step's time on this machine (the median of the recent ones), None before one was
+        timed: what prices another source's seconds (a draft model's) in steps."""
+        return statistics.median(self._one_token) if self._one_token else None
 
     def tree_cost(self, tokens: int) -> float:
         """A tree forward of `tokens` (nodes and the root) over a chain's 1-token step; never below
@@ -260,6 +269,19 @@ class Calibration:
         self.offset = float(offset)
 
 
+@dataclass(frozen=True)
+class CopyPlan:
+    """What scored copying would draft at a step (ScoredCopyProposer.plan).
+
+    proposal: the one-row draft (empty: none); rate: its expected tokens per unit of step time,
+    (1 + expected accepted) / cost(forward), 1 / cost(1) for no draft; judged: the scorer's logits
+    of the tokens the calibration will judge, None where nothing is drafted."""
+
+    proposal: DraftProposal
+    rate: float
+    judged: np.ndarray | None
+
+
 class ScoredCopyProposer(Proposer):
     """Scored copying as a Proposer (one request at a time).
 
@@ -308,37 +330,53 @@ class ScoredCopyProposer(Proposer):
         self.reset()
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        return self.take(self.plan(ctx, max_k))
+
+    def plan(self, ctx: ProposeContext, max_k: int) -> CopyPlan:
+        """What copying would draft this step and the tokens per unit of step time it expects: the
+        choice, not yet made (copy+draft weighs it against the draft model's). Follow it with
+        take(plan), or with skip() where another source drafts the step."""
         device = ctx.token_ids.device
         self._catch_up(ctx.token_ids)
+        nothing = CopyPlan(DraftProposal.empty(1, device), 1.0 / self.step_costs.cost(1), None)
         if max_k < 1 or self._length < 2:
-            return self._nothing(device)
+            return nothing
         context = self._tokens[:self._length]
         earlier, earlier_source = self.corpus.joined()
         step = step_candidates(self._length - self._prompt_len, context, self._prompt_len, earlier, earlier_source,
                                max_k, self.depth, self.most)
         if step is None:
-            return self._nothing(device)
+            return nothing
         x, rows_candidate, _ = hazard_rows(step, max_k)
         logits = self.scorer.logit(x)
         offset = self.calibration.offset if self.calibration is not None else 0.0
         hazard = sigmoid(logits + offset)
         candidate, drafted, in_chain = choose_draft(step, hazard, self.step_costs.cost, max_k)
         if not drafted:
-            return self._nothing(device)
-        if self.calibration is not None:  # (a tree's: judged along this best chain, the tree's main path)
-            self.calibration.drafted(logits[rows_candidate == candidate][:drafted])
+            return nothing
+        judged = logits[rows_candidate == candidate][:drafted]  # a tree's: judged along this best chain, its main path
+        chain_rate = (1 + in_chain) / self.step_costs.cost(1 + drafted)
         if self.trees and self.step_costs.chains_known:  # a tree where it beats the best chain at its price
             tokens, parents, in_tree = choose_tree(step, hazard, self.step_costs.tree_cost, max_k)
             tree = chain_or_tree(parents) if tokens else None
-            if tree is not None and ((1 + in_tree) / self.step_costs.tree_cost(1 + len(tokens))
-                                     > (1 + in_chain) / self.step_costs.cost(1 + drafted)):
-                return DraftProposal.of_row(tokens, tree, device)
-        return DraftProposal.of_row(step.tokens[candidate, :drafted].tolist(), None, device)  # a point-mass chain
+            tree_rate = (1 + in_tree) / self.step_costs.tree_cost(1 + len(tokens)) if tree is not None else 0.0
+            if tree_rate > chain_rate:
+                return CopyPlan(DraftProposal.of_row(tokens, tree, device), tree_rate, judged)
+        chain = step.tokens[candidate, :drafted].tolist()
+        return CopyPlan(DraftProposal.of_row(chain, None, device), chain_rate, judged)  # a point-mass chain
 
-    def _nothing(self, device) -> DraftProposal:
+    def take(self, plan: CopyPlan) -> DraftProposal:
+        """Draft what plan holds (the calibration then learns from its verification)."""
+        if plan.judged is None:
+            self.skip()
+        elif self.calibration is not None:
+            self.calibration.drafted(plan.judged)
+        return plan.proposal
+
+    def skip(self) -> None:
+        """This step copied nothing (another source drafted it, or nothing did)."""
         if self.calibration is not None:
             self.calibration.idle()
-        return DraftProposal.empty(1, device)
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
         if self.calibration is not None:

@@ -8,7 +8,7 @@ and the best nodes to verify are the most confident ones: exactly the order in
 which the proposer adds them. What EAGLE-2 fixes by hand is how many: 60 on a GPU,
 where 60 more tokens in a forward cost almost nothing. On a CPU every node is a
 token of compute (8 nodes cost more than a one-token step, 64 nodes several times it:
-benchmarks/RESULTS.md, "Tree verification cost on an AVX512-BF16 CPU (issue 20)"), so the
+docs/history.md, "Tree verification cost on an AVX512-BF16 CPU (issue 20)"), so the
 right size depends on the machine and on how confident the head is, step by step.
 
 TreeBudget chooses it as adaptive k (engine/adaptive.py) chooses a chain's length:
