@@ -4,7 +4,7 @@ Each mutant is one changed line of engine/step.py, applied in a throwaway git wo
 checkout itself is never touched). Against each, the single-request tests (tests/engine/test_engine.py)
 and the batched ones (tests/engine/test_batch.py) run, and with --suite the whole unit suite, which
 names the failing tests. A mutant every test lets through is a hole in the tests
-(benchmarks/RESULTS.md, "One engine: SpecEngine is a BatchEngine of one row (issue 39, items 1 and 2)").
+(docs/history.md, "One engine: SpecEngine is a BatchEngine of one row (issue 39, items 1 and 2)").
 
   python benchmarks/step_mutants.py                 # the two engine files, every mutant (~10 min, 2 cores)
   python benchmarks/step_mutants.py --suite --only tree   # the unit suite, mutants whose name has "tree"

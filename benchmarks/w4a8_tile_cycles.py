@@ -12,7 +12,7 @@ multiply-adds per second next to the peak of the same instructions (w4a8.cpp's i
 
 The source must have the tree's block-loop signatures (blocks_avx512<kVnni>(p, b0, count) and
 block_avx2(p, b, m0, rows)). A kernel at a fraction f of the peak here is at its port bound when its
-instructions per multiply-add, counted in objdump, explain f (benchmarks/RESULTS.md, "w4a8: the
+instructions per multiply-add, counted in objdump, explain f (docs/history.md, "w4a8: the
 tile at its port bound").
 """
 

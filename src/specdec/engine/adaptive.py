@@ -166,7 +166,7 @@ class AdaptiveK:
         and deeper towards its own rate at j - 1 times the engine's ratio of j to j - 1: the engine
         knows the draft's shape over positions, the request its own level. A request whose first
         drafts are all accepted thus tries deeper ones soon, even after requests whose drafts failed
-        early and never reached them (benchmarks/RESULTS.md, "-k auto after a plain streak"). A
+        early and never reached them (docs/history.md, "-k auto after a plain streak"). A
         position with no trials takes its prior whole; no prior exceeds the larger of its two sources.
         """
         own = self._track(self._row(handle), source).rates
@@ -301,7 +301,7 @@ class AdaptiveK:
         leaving plain decoding, once, not of drafting. Kept with the drafting costs, the probes'
         backlog made drafting look several times dearer than it is whenever a request decoded
         plainly for a while, so one request with a poor draft held the next ones plain
-        (benchmarks/RESULTS.md, "-k auto after a plain streak"). Such a step's time beyond the drafting
+        (docs/history.md, "-k auto after a plain streak"). Such a step's time beyond the drafting
         cost goes to the catch-up account; a step in which nothing was drafted is all catch-up. The
         drafting cost is kept per source name, under the widest row's source.
         """

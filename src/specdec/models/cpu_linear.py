@@ -6,7 +6,7 @@ On CPUs, PyTorch's default fp32 path for nn.Linear (MKL sgemm) is memory-bound
 for one token but turns compute-inefficient for 2..8 rows: a few rows cost several
 times one row, while oneDNN's linear with a pre-packed weight costs about the same
 for one row or a few, so a forward over k+1 tokens costs little more than over one.
-Same math, same fp32 results up to summation order. Per projection: benchmarks/RESULTS.md,
+Same math, same fp32 results up to summation order. Per projection: docs/history.md,
 "4-bit targets on specdec's own kernel, attention in one call: w4a8 (issue 19, second part)"
 (`python benchmarks/native_kernels.py`); on whole models: benchmarks/RESULTS.md,
 "specdec vs transformers assisted generation (issue 2)".

@@ -505,7 +505,7 @@ def fetch(name: str, progress: bool = True, *, repair: bool = False) -> Path:
     command passes ``repair=True``, which also compares every file's sha256 with the
     record and converts the model again if anything differs. Loads check sizes only,
     a stat per file: hashing the 1.5B target's gigabytes takes seconds on a 2-core CPU, even
-    with SHA-NI, a large part on top of its load_model (load time: benchmarks/RESULTS.md, "An
+    with SHA-NI, a large part on top of its load_model (load time: docs/history.md, "An
     AVX2-only CPU: w4a8 that counts its multiplies, attention that keeps the cores busy, a
     controller that counts the draft's prefill (issue 19, third part)"), paid by every command
     and test process that loads it. A cut file (the likely damage: a full disk, a copy

@@ -5,7 +5,7 @@ tokens reads them once while it multiplies. On 4 KB pages the hardware prefetche
 boundary (a w4a8 block's 12 KB stream crosses one every 16 groups) and the TLB misses a page every
 4 KB, which a virtual machine's nested page walk makes dear. The weights' bytes and arithmetic are
 the same on either page size: only the time to fetch them moves. Measured on a 2-core Zen 4 EPYC, both
-forms in one process (benchmarks/page_size_ab.py; benchmarks/RESULTS.md, "Weights on 2 MB pages: every
+forms in one process (benchmarks/page_size_ab.py; docs/history.md, "Weights on 2 MB pages: every
 forward 2-10% faster, the same bits (issue 38)"): the 1.5B target's w4a8 step, its 9-token verification
 and the 0.5B draft's step all took less time; prefill, which is arithmetic-bound, took the same.
 

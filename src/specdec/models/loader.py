@@ -78,7 +78,7 @@ def load_model(name_or_path: str, *, device: str | None = "auto", dtype: str | N
     quantize: "int8" or "int4" weight-only quantization, or "w8a8" (int8 weights and
     activations; native backend only), or "w4a8" (4-bit weights, int8 activations, specdec's
     own kernel). "auto" picks the fastest format measured on this kind of machine
-    (benchmarks/RESULTS.md, "Defaults that pick the fast path"): on an x86 CPU (AVX2 and up) w4a8 for
+    (docs/history.md, "Defaults that pick the fast path"): on an x86 CPU (AVX2 and up) w4a8 for
     target and draft alike; where its kernel cannot be compiled or has no vector path, a
     target takes w8a8 on VNNI/AMX CPUs, else none, and a draft int4 in bf16, else none
     (a draft's precision changes only the speed, never the output).

@@ -32,7 +32,7 @@ class RecentTimes:
         of x = 1, and once drafting is chosen no plain step comes to correct it; a
         first step slowed many times over by a neighbour made one drafted token look
         cheaper than none, so a draft that was never right kept being asked, step
-        after step (tests/engine/test_adaptive.py; benchmarks/RESULTS.md, "w4a8: tiles
+        after step (tests/engine/test_adaptive.py; docs/history.md, "w4a8: tiles
         of 2 rows or more prefetch their weights (issue 38, item 1)").
         """
         by_x: dict[float, list[float]] = {}

@@ -47,7 +47,7 @@ class FrozenVocabulary(nn.Module):
 
     def quantize_output(self, quantize: str) -> None:
         """Drafting scores the head's vocabulary through the target's weight format: in dense fp32 the
-        output matrix alone cost several times the w4a8 kernel per draft token (benchmarks/RESULTS.md,
+        output matrix alone cost several times the w4a8 kernel per draft token (docs/history.md,
         "EAGLE-3 heads trained on a 2-core CPU (issue 20, first part)"). Only drafts change, never the
         output: verification is exact. The dense rows stay (training and export read them)."""
         self.__dict__["_fast_output"] = make_linear(self.output_weight, None, dtype=self.output_weight.dtype,

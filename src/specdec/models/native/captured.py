@@ -2,7 +2,7 @@
 
 Launched op by op from Python, a CUDA forward of the native decoder is some 1,700 small
 kernels. On an H100 or H200 it costs the same whatever it computes, many times what reading the
-1.5B target's weights takes (benchmarks/RESULTS.md, "Exact on a GPU: one step shape on CUDA
+1.5B target's weights takes (docs/history.md, "Exact on a GPU: one step shape on CUDA
 (exactness, first GPU lease)"): the launches, not the GPU, set the step. A fixed-step runner
 (NativeRunner.step_tokens) already gives every forward the same shapes. So each step can be
 recorded once (torch.cuda.CUDAGraph) and then replayed with new inputs written into static

@@ -14,7 +14,7 @@ with every row (verifying k+1 tokens costs nearly k+1 steps). "w8a8"
 quantizes the activations too and multiplies in integers (oneDNN's VNNI/AMX
 kernels, the path of PyTorch's x86 inductor quantization): nine rows cost little
 more than one, and exact integer sums need no care for batch invariance. Both per
-projection: benchmarks/RESULTS.md, "Against llama.cpp on the same CPU: w8a8 targets,
+projection: docs/history.md, "Against llama.cpp on the same CPU: w8a8 targets,
 the draft's prefill, peers.py (issue 19, first part)". "w4a8" (w4a8.py) does the same
 with 4-bit weights on specdec's own kernel, exact on every x86 path.
 """
@@ -111,7 +111,7 @@ class PackedLinear(nn.Module):
 
     On a 2-core AVX512-BF16 EPYC it costs less than F.linear on the same bf16 weight,
     which reorders it on every call, and about the same from 1 to 9 rows (the 17920 x 1536
-    gate/up matrix, `python benchmarks/native_kernels.py`; benchmarks/RESULTS.md, "Against
+    gate/up matrix, `python benchmarks/native_kernels.py`; docs/history.md, "Against
     llama.cpp on the same CPU: w8a8 targets, the draft's prefill, peers.py (issue 19, first
     part)"). A flat cost from 1 to 9 rows is what makes verifying k drafts nearly free.
     """
@@ -204,7 +204,7 @@ class W8A8Linear(nn.Module):
     zero point 128 (its s8 x s8 path is a reference loop, orders of magnitude slower). Ours
     streams the w4a8 target's output head, the largest matrix a step reads, faster than
     oneDNN's qlinear on a 2-core Zen 4 (`python benchmarks/native_kernels.py --head`;
-    benchmarks/RESULTS.md, "Faster CPU steps with the same bits: w4a8 tiles, the output head,
+    docs/history.md, "Faster CPU steps with the same bits: w4a8 tiles, the output head,
     activation quantization (issues 20 and 21)").
 
     Batch invariance by construction: an integer sum has no rounding, so its order (the kernel,

@@ -145,9 +145,9 @@ class ChainCall:
     """w4a8 blocks first_layer, first_layer + 1, ... over a chain of new tokens as one C++ call
     (kernels/block.cpp's chain_layers): the same ops in the same order as Block.forward's op-by-op
     form, so the same bits, without ~40 Python-dispatched ops a layer (more of the 1.5B target's step
-    than attention on a 2-core Zen 4: benchmarks/RESULTS.md, "Decoder blocks in one call, prompt caching in
+    than attention on a 2-core Zen 4: docs/history.md, "Decoder blocks in one call, prompt caching in
     `specdec serve` (issues 20 and 21, progress)") and the Python loop over blocks (a few percent
-    of a step: benchmarks/RESULTS.md, "Every block in one call: the layer loop in C++ (issue 38,
+    of a step: docs/history.md, "Every block in one call: the layer loop in C++ (issue 38,
     item 3)"). Trees, ragged batches and prefills longer than one query chunk keep the op-by-op form."""
 
     def __init__(self, blocks: list[Block], first_layer: int) -> None:

@@ -3,7 +3,7 @@
 Verification reads every weight once for k+1 tokens, so what a quantized target
 needs is few bytes per weight *and* a cost that stays flat as rows are added.
 PyTorch's 4-bit CPU kernel dequantizes per row (5 rows cost several times one row:
-benchmarks/RESULTS.md, "4-bit targets on specdec's own kernel, attention in one call: w4a8
+docs/history.md, "4-bit targets on specdec's own kernel, attention in one call: w4a8
 (issue 19, second part)"), so this kernel unpacks each 64-byte block of nibbles once and
 feeds it to every row with integer dot products (VNNI's vpdpbusd, or vpmaddubsw on AVX2 and
 AVX-512, which cannot saturate on 4-bit x 8-bit products). The integer sums are

@@ -8,7 +8,7 @@
 - block.cpp: a whole decoder block of a w4a8 model (model.py's Block) for a chain of new tokens.
 
 One library, built with torch.utils.cpp_extension (g++ and ninja; well under a minute, once per
-PyTorch version: benchmarks/RESULTS.md, "4-bit targets on specdec's own kernel, attention in one
+PyTorch version: docs/history.md, "4-bit targets on specdec's own kernel, attention in one
 call: w4a8 (issue 19, second part)"), registered as torch.ops.specdec_w4a8, torch.ops.specdec_w8a8,
 torch.ops.specdec_attention, torch.ops.specdec_layer and torch.ops.specdec_block.
 Where it cannot be built, `load()` says why and the callers keep PyTorch's own kernels.

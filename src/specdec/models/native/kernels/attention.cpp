@@ -353,7 +353,7 @@ constexpr int kTileRows = 32;  // query rows attended together
 // A block of an fp32 cache whose key (or value) rows are contiguous is read where it lies; other
 // blocks (bf16, or strided) are converted into scratch: the same floats either way. Why: copying
 // every block once per tile moved ~10 MB per layer at 800 cached tokens, as much time as the
-// arithmetic of a 1-token step (benchmarks/RESULTS.md, "Attention in registers").
+// arithmetic of a 1-token step (docs/history.md, "Attention in registers").
 inline const float* in_place(const float* rows, int64_t stride, int64_t dim) { return stride == dim ? rows : nullptr; }
 inline const float* in_place(const c10::BFloat16*, int64_t, int64_t) { return nullptr; }
 

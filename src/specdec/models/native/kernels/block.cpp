@@ -23,7 +23,7 @@
 // chain_layers runs every block of the model in one call (or one block, where benchmarks compare the
 // two forms): the Python loop over blocks, with its module calls and argument lists, cost 41-70 us a
 // layer (1.0-1.7 ms of a forward of the 24-layer 0.5B draft, whose step takes ~30 ms, on the 2-core
-// AMX Xeon; benchmarks/RESULTS.md, "Every block in one call: the layer loop in C++ (issue 38, item 3)").
+// AMX Xeon; docs/history.md, "Every block in one call: the layer loop in C++ (issue 38, item 3)").
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

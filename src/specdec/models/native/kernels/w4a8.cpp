@@ -278,7 +278,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const Problem& p, int64_
 // against ~37%: one activation broadcast per vpdpbusd instead of one per four; alike, ~73%, from 5
 // rows; benchmarks/w4a8_tile_cycles.py), but from memory the streams decide. Tiles of up to 10 rows
 // keep each block's unpacking and widened codes for as many rows as the 10-row x 2-block tiles did
-// (benchmarks/RESULTS.md, "w4a8: tiles of 10 rows"); taller calls run balanced tiles (11 rows as 6 +
+// (docs/history.md, "w4a8: tiles of 10 rows"); taller calls run balanced tiles (11 rows as 6 +
 // 5, not 10 + 1). Tried and slower from memory: the same tiles over 2 blocks (1.13-1.16x the time at
 // 1-9 rows), and over 1 block in the w8a8 head (1.03x at 1 row, 1.11x at 9).
 constexpr int kTileRows = 10;
@@ -339,7 +339,7 @@ void tile_avx512(const Problem& p, int64_t b, int64_t m0) {
     // Unrolled, so each accumulator keeps one register across the group's 4 chunks: rolled, GCC
     // rotated the accumulators through other registers and the stack every chunk (~20 moves and 7
     // spills per 32 vpdpbusd). Measured on a 2-core Cascade Lake Xeon (AVX512-VNNI), interleaved
-    // (benchmarks/kernel_ab.py; benchmarks/RESULTS.md, "The cost of a forward next to its floors"): the
+    // (benchmarks/kernel_ab.py; docs/history.md, "The cost of a forward next to its floors"): the
     // 1.5B target's 112 projections 0.94x the time at 17 rows, 0.87x at 33, alike at 1-9 rows.
 #pragma GCC unroll 4
     for (int64_t c = 0; c < kChunks; ++c) {
