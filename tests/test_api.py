@@ -39,8 +39,8 @@ def test_load_generates_the_targets_greedy_output_and_streams_the_same_text(mode
 
 
 def test_load_settles_auto_and_reports_bad_options_before_loading(model_dirs):
-    llm = specdec.load(model_dirs["target"], device="cpu")  # auto on a CPU: n-gram lookup, no draft model
-    assert llm.config.method == "ngram" and llm.draft is None
+    llm = specdec.load(model_dirs["target"], device="cpu")  # auto on a CPU: scored copying, no draft model
+    assert llm.config.method == "copy" and llm.draft is None
     with pytest.raises(TypeError, match="unknown options speculative_tokens"):
         specdec.load(model_dirs["target"], speculative_tokens=3)
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
@@ -69,7 +69,7 @@ def test_a_bad_config_is_a_clear_error(bad, message):
 
 
 def test_resolved_picks_the_devices_method_and_a_named_draft_wins():
-    assert SpecConfig().resolved("cpu").method == "ngram"
+    assert SpecConfig().resolved("cpu").method == "copy"
     assert SpecConfig().resolved("cuda").method == "ngram"
     named = SpecConfig(draft="./my-draft").resolved("cpu")
     assert (named.method, named.draft) == ("ngram+draft", "./my-draft")  # -k auto picks each step's source

@@ -53,8 +53,8 @@ def test_generate_ngram_methods_match_plain(capsys, model_dirs, method):
     assert spec["stats"]["drafted_tokens"] > 0
 
 
-def test_default_method_on_a_cpu_is_ngram_with_adaptive_k(capsys, model_dirs):
-    """--method auto (the default) runs prompt lookup on a CPU, the fastest lossless method
+def test_default_method_on_a_cpu_is_scored_copying_with_adaptive_k(capsys, model_dirs):
+    """--method auto (the default) runs scored copying on a CPU, the fastest lossless method
     measured there, and loads no draft model; naming a --draft makes it draft with that model."""
     prompt = "abc abc abc abc"
     common = ["--target", model_dirs["target"], "--device", "cpu", "--max-new-tokens", "30", "--json", prompt]
@@ -63,7 +63,7 @@ def test_default_method_on_a_cpu_is_ngram_with_adaptive_k(capsys, model_dirs):
     code, out, err = run(capsys, "generate", *common)
     assert code == 0, err
     spec = json.loads(out)
-    assert spec["method"] == "ngram" and spec["k"] == "auto" and "loading draft" not in err
+    assert spec["method"] == "copy" and spec["k"] == "auto" and "loading draft" not in err
     assert spec["token_ids"] == plain["token_ids"] and spec["stats"]["drafted_tokens"] > 0
     code, out, err = run(capsys, "generate", "--draft", model_dirs["draft"], *common)
     assert code == 0, err
@@ -77,7 +77,7 @@ def test_default_method_on_a_cpu_is_ngram_with_adaptive_k(capsys, model_dirs):
 def test_resolve_method_follows_the_device():
     from specdec.proposers.registry import resolve_method
 
-    assert resolve_method("auto", "cpu") == "ngram"
+    assert resolve_method("auto", "cpu") == "copy"
     assert resolve_method("auto", "cuda") == "ngram"  # launch-bound on an H100: see default_method
     assert resolve_method("draft", "cpu") == "draft"  # a method named is never replaced
 

@@ -173,8 +173,8 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
     clients: benchmarks/results/serve-goodput)."""
     parser.add_argument("--method", default=AUTO_METHOD, choices=[AUTO_METHOD, *METHODS], metavar="METHOD",
                         help="; ".join(f"{name}: {text}" for name, text in METHODS.items()) +
-                             "; auto (default): the fastest lossless method measured on the device, ngram on a CPU "
-                             "and on CUDA (no draft model; benchmarks/RESULTS.md); with --draft, ngram+draft "
+                             "; auto (default): the fastest lossless method measured on the device, copy on a CPU "
+                             "and ngram on CUDA (no draft model; benchmarks/RESULTS.md); with --draft, ngram+draft "
                              "(-k auto: each step drafts from the lookup's match or the draft model, whichever pays) "
                              "or draft (a fixed k)")
     if not adaptive:  # the batched engine (serve): goodput per step, or a fixed k

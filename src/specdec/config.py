@@ -67,7 +67,7 @@ class SpecConfig:
     """How to build one engine: the models, the method and its knobs.
 
     method "auto" and draft None are settled by `resolved()` for the device the engine runs
-    on (ngram on a CPU and on CUDA; a named draft means ngram+draft with it under k "auto", whose
+    on (copy on a CPU, ngram on CUDA; a named draft means ngram+draft with it under k "auto", whose
     controller picks each step's source, and the draft alone with a fixed k).
     k: tokens drafted per step (>= 1) or "auto" (each step's k from measured costs and the
     request's acceptance, at most max_k).

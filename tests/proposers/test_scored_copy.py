@@ -188,6 +188,20 @@ def test_greedy_output_is_plain_decodings(target, tokenizer, k):
     assert drafted > 0
 
 
+def test_a_seed_reproduces_a_sampled_answer_on_a_repeat(target, tokenizer):
+    """The first answer joins the corpus and the engine measures its costs, yet the same seed gives
+    the same sampled answer again: a seeded request drafts by fixed rules. Unseeded, the repeat
+    copies from the corpus (its drafts differ, so its draws would too)."""
+    engine = SpecEngine(target, build_proposer("copy"), tokenizer, k="auto")
+    seeded = SamplingParams(temperature=0.8, seed=11)
+    first = engine.generate(PROMPTS[2], seeded, max_new_tokens=40)
+    again = engine.generate(PROMPTS[2], seeded, max_new_tokens=40)
+    assert again.token_ids == first.token_ids and again.stats.drafted_tokens == first.stats.drafted_tokens
+    assert len(engine.proposer.corpus) == 4  # both requests' prompts and answers were kept
+    unseeded = engine.generate(PROMPTS[2], GREEDY, max_new_tokens=40)
+    assert unseeded.stats.accepted_tokens > first.stats.accepted_tokens  # greedy copies from the corpus
+
+
 def test_under_auto_k_it_is_asked_for_the_whole_k_and_measures_costs(target, tokenizer):
     proposer = build_proposer("copy")
     asked = []

@@ -54,24 +54,24 @@ def head_kind(method: str) -> str | None:
 def default_method(device_type: str) -> str:
     """What `--method auto` runs: the fastest lossless method measured on that kind of device.
 
-    CPU: ngram (prompt lookup) with -k auto. In the peer runs it was specdec's fastest
-    configuration on both CPUs measured, and at least specdec's own plain decoding in every
-    category, ahead of the draft model with -k auto, whose step costs a large share of the
-    target's, too dear for prose acceptance (an AVX2 EPYC: docs/history.md, "An AVX2-only
+    CPU: copy (scored copying) with -k auto. It finds every continuation prompt lookup finds and
+    more (earlier requests' prompts and answers, longer matches), and chooses among them by a
+    fitted score and the machine's measured costs; in the interleaved runs and the peer runs it
+    was ahead of prompt lookup (ngram, the default before it) on the copying tasks and level with
+    it on free text (benchmarks/RESULTS.md, "The default on a CPU: scored copying (issue 60,
+    item 3)"). Like ngram it loads no draft model, and ngram stayed ahead of the draft model with
+    -k auto, whose step costs a large share of the target's (docs/history.md, "An AVX2-only
     CPU: w4a8 that counts its multiplies, attention that keeps the cores busy, a controller that
-    counts the draft's prefill (issue 19, third part)"; an AVX-512 EPYC: docs/history.md,
-    "4-bit targets on specdec's own kernel, attention in one call: w4a8 (issue 19, second part)").
-    It also loads no draft model.
+    counts the draft's prefill (issue 19, third part)").
 
-    CUDA: ngram too. On an H100 specdec's steps are bound by kernel launches, not by the GPU:
+    CUDA: ngram. On an H100 specdec's steps are bound by kernel launches, not by the GPU:
     the 0.5B draft's step costs as much as the 1.5B target's, so drafting k tokens costs k
     target steps, and even a draft whose every token is accepted (the target drafting for
     itself) barely beat plain decoding, while a 64-token verification costs what one token
     does, which ngram needs (docs/history.md, "Exact on a GPU: one step shape on CUDA
-    (exactness, first GPU lease)"). Revisit when the step is captured in CUDA graphs and a
-    draft step costs its weights' read.
+    (exactness, first GPU lease)"). Scored copying has not been compared with it live on a GPU.
     """
-    return "ngram"
+    return "copy" if device_type == "cpu" else "ngram"
 
 
 def resolve_method(method: str, device_type: str) -> str:

@@ -338,11 +338,16 @@ class ScoredCopyProposer(Proposer):
         take(plan), or with skip() where another source drafts the step."""
         device = ctx.token_ids.device
         self._catch_up(ctx.token_ids)
-        nothing = CopyPlan(DraftProposal.empty(1, device), 1.0 / self.step_costs.cost(1), None)
+        # A seeded sampled request drafts by fixed rules (its own text, the fixed cost curve): which
+        # tokens are drafted decides which random numbers the verification draws, and earlier requests
+        # and measured times change between calls, so its seed could not reproduce its answer otherwise.
+        fixed = ctx.params.seed is not None and not ctx.params.greedy
+        cost = self.step_costs.prior if fixed else self.step_costs.cost
+        nothing = CopyPlan(DraftProposal.empty(1, device), 1.0 / cost(1), None)
         if max_k < 1 or self._length < 2:
             return nothing
         context = self._tokens[:self._length]
-        earlier, earlier_source = self.corpus.joined()
+        earlier, earlier_source = (None, None) if fixed else self.corpus.joined()
         step = step_candidates(self._length - self._prompt_len, context, self._prompt_len, earlier, earlier_source,
                                max_k, self.depth, self.most)
         if step is None:
@@ -351,12 +356,12 @@ class ScoredCopyProposer(Proposer):
         logits = self.scorer.logit(x)
         offset = self.calibration.offset if self.calibration is not None else 0.0
         hazard = sigmoid(logits + offset)
-        candidate, drafted, in_chain = choose_draft(step, hazard, self.step_costs.cost, max_k)
+        candidate, drafted, in_chain = choose_draft(step, hazard, cost, max_k)
         if not drafted:
             return nothing
         judged = logits[rows_candidate == candidate][:drafted]  # a tree's: judged along this best chain, its main path
-        chain_rate = (1 + in_chain) / self.step_costs.cost(1 + drafted)
-        if self.trees and self.step_costs.chains_known:  # a tree where it beats the best chain at its price
+        chain_rate = (1 + in_chain) / cost(1 + drafted)
+        if self.trees and self.step_costs.chains_known and not fixed:  # a tree where it beats the best chain at its price
             tokens, parents, in_tree = choose_tree(step, hazard, self.step_costs.tree_cost, max_k)
             tree = chain_or_tree(parents) if tokens else None
             tree_rate = (1 + in_tree) / self.step_costs.tree_cost(1 + len(tokens)) if tree is not None else 0.0
