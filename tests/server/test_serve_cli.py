@@ -68,8 +68,8 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
     finally:
         stderr = stop_serve(process)
     assert process.returncode == 0
-    # --method auto is ngram on a CPU (no draft model is read), --spec-max-batch auto is 1
-    assert "serving 'tiny' (ngram, k=2, 2 rows, drafting while <= 1 run" in stderr
+    # --method auto is copy on a CPU (no draft model is read), --spec-max-batch auto is 1
+    assert "serving 'tiny' (copy, k=2, 2 rows, drafting while <= 1 run" in stderr
 
 
 @pytest.mark.parametrize("argv,message", [

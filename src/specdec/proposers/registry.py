@@ -12,6 +12,7 @@ from specdec.proposers.draft_model import CONTEXT_WINDOW, DEFAULT_CONFIDENCE, Dr
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
+from specdec.proposers.plugins import build_plugin, discover
 from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer, load_scorer
 from specdec.proposers.suffix import SuffixCache, SuffixOptions, SuffixProposer
 
@@ -38,8 +39,11 @@ METHODS = {
     "suffix": "suffix decoding: frequency-scored draft trees from suffix trees over this request and earlier "
               "requests' outputs (a cache shared across requests); no draft model",
 }
+PLUGINS = discover(set(METHODS))  # other packages' methods (the specdec.methods entry point, plugins.py)
+METHODS.update({name: f"{method.description} (plug-in)" for name, method in PLUGINS.items()})
 AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads
-_NEEDS_DRAFT_MODEL = {"draft", "ngram+draft", "copy+draft"}
+_NEEDS_DRAFT_MODEL = {"draft", "ngram+draft", "copy+draft",
+                      *(name for name, method in PLUGINS.items() if method.needs_draft_model)}
 _HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "eagle3": "eagle3", "eagle3-tree": "eagle3",
               "medusa": "medusa"}  # method -> trained head it loads
 DEFAULT_TREE_SIZE = {"eagle-tree": 10, "eagle3-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
@@ -137,6 +141,8 @@ def build_proposer(
                            draft_k=draft_k, draft_confidence=draft_confidence)
     if method == "autoregressive":
         return None
+    if method in PLUGINS:
+        return build_plugin(PLUGINS[method], slots, draft_runner)
 
     def per_row(make: Callable[[], Proposer]) -> Proposer | BatchProposer:
         return make() if slots == 1 else RowwiseProposer(make, slots)
