@@ -445,11 +445,15 @@ AUTO_METHODS = {
 def test_auto_k_matches_plain_greedy(target_runner, draft_runner, tokenizer, method):
     reference = SpecEngine(target_runner, None, tokenizer).generate(PROMPT + " the quick", max_new_tokens=60)
     engine = SpecEngine(target_runner, AUTO_METHODS[method](draft_runner), tokenizer, k="auto", max_k=6)
+    drafted = 0
     for _ in range(2):  # the second request starts from the first one's measurements
         out = engine.generate(PROMPT + " the quick", max_new_tokens=60)
         assert out.token_ids == reference.token_ids
-    assert out.stats.drafted_tokens > 0
-    assert len(out.stats.drafted_per_position) <= 6
+        assert len(out.stats.drafted_per_position) <= 6
+        drafted += out.stats.drafted_tokens
+    # Over both: whether the second request drafts follows this machine's measured times (a loaded
+    # machine may rightly find a tiny draft not worth its step), what the first one tried does not.
+    assert drafted > 0
 
 
 def test_auto_k_backs_off_when_every_draft_fails(target_runner, tokenizer):
