@@ -50,7 +50,7 @@ PROBE_CAP = 256  # the longest wait between probes of a draft model that keeps l
 
 @dataclass
 class DraftRecord:
-    """Exponentially weighted means over a source's recent draft steps (the first `warmup` steps
+    """Exponentially weighted means over a source's recent draft steps (the first 1 / weight steps
     averaged plainly, so the first step does not decide alone)."""
 
     accepted: float = 0.0
@@ -184,8 +184,8 @@ class CopyThenDraftProposer(BatchProposer):
 
     def _draft_rows(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
         """The draft model's proposal for the rows it drafts (the others ask it for 0 tokens)."""
-        for b, (ctx, by_draft) in enumerate(zip(contexts, self._by_draft)):
-            if by_draft and self.draft.unread_tokens(b, ctx.token_ids.shape[1]) > DRAFT_CONTEXT_WINDOW:
+        for b, by_draft in enumerate(self._by_draft):  # (_draft_wins judged each row's backlog)
+            if by_draft and not self._rows[b].warm_now and self.draft.has_read(b):
                 self.draft.start_row(b)  # far behind: read only the last window, in one forward
         draft_ks = [min(max_k, self.draft_max_k or max_k) if by_draft else 0
                     for max_k, by_draft in zip(max_ks, self._by_draft)]

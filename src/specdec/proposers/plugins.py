@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
-from specdec.proposers.batched import BatchProposer
+from specdec.proposers.batched import BatchProposer, RowwiseProposer
 
 ENTRY_POINT_GROUP = "specdec.methods"
 
@@ -61,8 +61,6 @@ def discover(shipped: set[str]) -> dict[str, PluginMethod]:
 def build_plugin(method: PluginMethod, slots: int, draft_runner: ModelRunner | None) -> Proposer | BatchProposer:
     """The plug-in's proposer for `slots` rows: its Proposer once per row (RowwiseProposer), or its
     BatchProposer as it is (it must then serve `slots` rows itself)."""
-    from specdec.proposers.batched import RowwiseProposer
-
     if method.needs_draft_model and draft_runner is None:
         raise ValueError(f"method {method.name!r} needs a draft model (--draft)")
     first = method.make(draft_runner)
@@ -70,5 +68,5 @@ def build_plugin(method: PluginMethod, slots: int, draft_runner: ModelRunner | N
         return first
     if not isinstance(first, Proposer):
         raise TypeError(f"method {method.name!r} made a {type(first).__name__}, not a Proposer or BatchProposer")
-    rows = iter([first])
-    return first if slots == 1 else RowwiseProposer(lambda: next(rows, None) or method.make(draft_runner), slots)
+    # As the registry builds the heads' rows: the first made for its clear errors, then one per row.
+    return first if slots == 1 else RowwiseProposer(lambda: method.make(draft_runner), slots)
