@@ -10,13 +10,14 @@ options, a head's checkpoint on disk) run before anything is loaded.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from specdec.config import DEFAULT_DRAFT, SpecConfig
 from specdec.engine import SpecEngine
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer
-from specdec.proposers.registry import build_proposer, check_proposer_options
+from specdec.proposers.per_request import PerRequestMethods
+from specdec.proposers.registry import build_proposer, check_proposer_options, request_methods_beside
 
 Log = Callable[[str], None]
 
@@ -95,14 +96,30 @@ def load_engine(config: SpecConfig, *, log: Log = log_to_stderr, progress: bool 
     return engine_for(config, target, draft), target, draft
 
 
-def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, head=None):
+def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, head=None,
+                       request_methods: Sequence[str] = ()):
     """The batched engine's proposer (engine/batch.py; the server): draft_runner is a native
     runner with one cache row per slot; head: (LoadedHead, FrozenVocabulary) from load_head,
-    for a head method. None: plain decoding."""
+    for a head method. None: plain decoding. request_methods: other methods a request may choose
+    (registry.request_methods_beside): then a PerRequestMethods over the config's method and them,
+    each built when a request first names it."""
     loaded, vocabulary = head if head is not None else (None, None)
-    return build_proposer(config.method, slots=slots, draft_runner=draft_runner, adaptive=config.k == "auto",
-                          **proposer_options(config), suffix=config.suffix, lookahead=config.lookahead, copy=config.copy, head=loaded,
-                          head_vocabulary=vocabulary, tree_size=config.head.tree_size, tree_topk=config.head.tree_topk)
+
+    def build(method: str):
+        return build_proposer(method, slots=slots, draft_runner=draft_runner, adaptive=config.k == "auto",
+                              **proposer_options(config), suffix=config.suffix, lookahead=config.lookahead,
+                              copy=config.copy, head=loaded, head_vocabulary=vocabulary,
+                              tree_size=config.head.tree_size, tree_topk=config.head.tree_topk)
+
+    if not request_methods:
+        return build(config.method)
+    allowed = request_methods_beside(config.method)
+    refused = [method for method in request_methods if method not in allowed and method != config.method]
+    if refused:
+        raise ValueError(f"a request cannot choose {', '.join(refused)} beside {config.method}; "
+                         f"it may choose: {', '.join(allowed) or 'nothing (this method runs alone)'}")
+    builders = {method: (lambda method=method: build(method)) for method in (config.method, *request_methods)}
+    return PerRequestMethods(config.method, builders, slots)
 
 
 def load_head(config: SpecConfig, target):

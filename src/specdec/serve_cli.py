@@ -7,8 +7,8 @@ import sys
 
 EPILOG_SERVE = """\
 examples:
-  specdec serve                                        # the embedded target, auto method (ngram on CPU
-                                                       #   and CUDA), k per step by goodput, port 8000
+  specdec serve                                        # the embedded target, auto method (copy on a CPU,
+                                                       #   ngram on CUDA), k per step by goodput, port 8000
   specdec serve --method draft --port 8001             # the embedded pair: the 0.5B draft drafts
   specdec serve --method eagle3-tree --head ./my-eagle3 --tree-size 8   # a trained EAGLE-3 head, its trees
   specdec serve --method autoregressive                # the same server without speculation (a baseline)
@@ -19,6 +19,9 @@ then, from any OpenAI client:
        -d '{"model": "qwen2.5-coder-1.5b", "messages": [{"role": "user", "content": "Write fizzbuzz"}]}'
   python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='-'); \\
              print(c.completions.create(model='qwen2.5-coder-1.5b', prompt='def fib(n):', max_tokens=64))"
+  # a request's own method and k (k 0: plain decoding), among GET /v1/models' speculative.methods:
+  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+       -d '{"model": "qwen2.5-coder-1.5b", "prompt": "def fib(n):", "speculative": {"method": "suffix", "k": 6}}'
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: true for
 server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).
@@ -70,21 +73,14 @@ def add_serve_command(sub) -> None:
                             "stays in a free slot, and a later prompt that begins with its tokens (a chat's next "
                             "turn, an agent's next call) reads only the rest: same output, bit for bit, less "
                             "prefill (usage.prompt_tokens_details.cached_tokens says how much)")
-    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                       help="require `Authorization: Bearer KEY` on /v1 routes (and /metrics): others get 401. "
-                            "Repeat it to give each client its own key: each key is a tenant, and the prompt cache "
-                            "and suffix decoding's cache are shared only within one. Default: $SPECDEC_API_KEY, "
-                            "else none (anyone who reaches the port may use it, and every client shares the caches)")
-    serve.add_argument("--tenant-header", default=None, metavar="NAME",
-                       help="split tenants further by this request header (e.g. X-Tenant), which a proxy you trust "
-                            "must set: a client that can set it itself can pick any tenant")
-    serve.add_argument("--shared-cache", action="store_true",
-                       help="one prompt cache and suffix cache for every client, whatever its key: faster for one "
-                            "trusted team, but a client can tell from cached_tokens, its time to first token and "
-                            "the acceptance counts how much of another's conversation its prompt repeats")
-    serve.add_argument("--public-metrics", action="store_true",
-                       help="with an API key, leave /metrics open (for a Prometheus scraper without the key); "
-                            "/health is always open")
+    _add_tenant_options(serve)
+    serve.add_argument("--request-methods", default="auto", metavar="LIST|auto|none",
+                       help="the methods a request may choose besides --method, in the body's `speculative` "
+                            "object (e.g. {\"speculative\": {\"method\": \"ngram\", \"k\": 4}}; k 0 = plain): "
+                            "auto (default) = every one that needs no model but the target (autoregressive, ngram, "
+                            "suffix, copy; none beside a head or lookahead), none = --method only, or a "
+                            "comma-separated list. Each is built when first asked for; the output is the same "
+                            "whichever a request picks, only its speed changes")
     limits = serve.add_argument_group("limits (docs/security.md): what one request may cost")
     limits.add_argument("--max-body-mb", type=float, default=4.0, metavar="MB",
                         help="a larger request body gets 413 before it is parsed (default: 4)")
@@ -109,6 +105,25 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
+def _add_tenant_options(serve) -> None:
+    """Who may call the server, and whose caches a request may share (docs/security.md)."""
+    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                       help="require `Authorization: Bearer KEY` on /v1 routes (and /metrics): others get 401. "
+                            "Repeat it to give each client its own key: each key is a tenant, and the prompt cache "
+                            "and suffix decoding's cache are shared only within one. Default: $SPECDEC_API_KEY, "
+                            "else none (anyone who reaches the port may use it, and every client shares the caches)")
+    serve.add_argument("--tenant-header", default=None, metavar="NAME",
+                       help="split tenants further by this request header (e.g. X-Tenant), which a proxy you trust "
+                            "must set: a client that can set it itself can pick any tenant")
+    serve.add_argument("--shared-cache", action="store_true",
+                       help="one prompt cache and suffix cache for every client, whatever its key: faster for one "
+                            "trusted team, but a client can tell from cached_tokens, its time to first token and "
+                            "the acceptance counts how much of another's conversation its prompt repeats")
+    serve.add_argument("--public-metrics", action="store_true",
+                       help="with an API key, leave /metrics open (for a Prometheus scraper without the key); "
+                            "/health is always open")
+
+
 def spec_max_batch_of(text: str, device_type: str) -> int | None:
     """'auto' -> 1 on CPU, None (no limit) elsewhere; else a positive integer."""
     if text == "auto":
@@ -116,6 +131,24 @@ def spec_max_batch_of(text: str, device_type: str) -> int | None:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"--spec-max-batch must be auto or an integer >= 1, got {text!r}")
     return int(text)
+
+
+def request_methods_of(text: str, method: str) -> tuple[str, ...] | None:
+    """--request-methods -> build_server's request_methods (None: auto), checked before any model loads."""
+    from specdec.proposers.registry import check_method, request_methods_beside
+
+    if text == "auto":
+        return None
+    if text == "none":
+        return ()
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    allowed = request_methods_beside(method)
+    for name in chosen:
+        check_method(name)
+        if name not in allowed and name != method:
+            raise ValueError(f"--request-methods: {name} cannot run beside --method {method}; "
+                             f"choose among: {', '.join(allowed) or 'none (this method runs alone)'}")
+    return chosen
 
 
 def limits_of(args):
@@ -149,6 +182,7 @@ def cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     limits = limits_of(args)
+    request_methods = request_methods_of(args.request_methods, config.method)
     import uvicorn
 
     from specdec.factory import check_before_loading, load_head, load_models
@@ -166,7 +200,7 @@ def cmd_serve(args) -> int:
                        lenience=args.lenience, api_key=api_key, public_metrics=args.public_metrics,
                        prefill_chunk=args.prefill_chunk or None, head=load_head(config, target),
                        prompt_cache=args.prompt_cache, limits=limits, shared_cache=args.shared_cache,
-                       tenant_header=args.tenant_header)
+                       tenant_header=args.tenant_header, request_methods=request_methods)
     drafting = "" if config.method == "autoregressive" or spec_max_batch is None else \
         f", drafting while <= {spec_max_batch} run"
     if config.k == "auto" and config.method != "autoregressive":

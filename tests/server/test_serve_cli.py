@@ -65,6 +65,11 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
                                                max_tokens=12, temperature=0)
         assert reply.usage.completion_tokens >= 1 and reply.model_extra["speculative"]["k"] == 2
+        chosen = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                                max_tokens=12, temperature=0,
+                                                extra_body={"speculative": {"method": "ngram", "k": 4}})
+        assert chosen.choices[0].message.content == reply.choices[0].message.content
+        assert (chosen.model_extra["speculative"]["method"], chosen.model_extra["speculative"]["k"]) == ("ngram", 4)
     finally:
         stderr = stop_serve(process)
     assert process.returncode == 0
@@ -78,6 +83,8 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--spec-max-batch", "0"], "--spec-max-batch must be auto or an integer >= 1"),
+    (["--request-methods", "ngram,eagle"], "--request-methods: eagle cannot run beside --method copy"),
+    (["--request-methods", "nosuch"], "unknown method 'nosuch'"),
 ])
 def test_bad_serve_options_are_one_line_before_any_model_loads(capsys, argv, message):
     assert main(["serve", "--target", "/nonexistent", *argv]) == 2

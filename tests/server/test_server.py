@@ -194,12 +194,46 @@ def test_stop_strings_cut_the_text(client):
 def test_models_and_health(client, url):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL_NAME]
-    assert models[0].model_extra["speculative"] == {"method": "draft", "k": 3}
+    assert models[0].model_extra["speculative"] == {"method": "draft", "k": 3, "max_k": 8,
+                                                    "methods": ["draft", "autoregressive", "ngram", "suffix", "copy"]}
     health = httpx.get(f"{url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
 # ---- concurrency ----------------------------------------------------------------------------------
+
+
+def test_each_request_may_choose_its_method_and_k_and_gets_plain_greedy_output(url, client, reference):
+    """Requests of every loaded method and several k at once, batched together: each answer is the
+    target's greedy one, and its `speculative` block says what it ran with."""
+    asked = [{"method": "ngram", "k": 4}, {"method": "copy"}, {"method": "suffix", "k": "auto"}, {"k": 0},
+             {"method": "autoregressive"}, None, {"method": "draft", "k": 1}, {"method": "ngram", "k": 0}]
+    prompts = ["hello hello hello hello", "the quick brown fox", "abc abc abc, abc abc", "why? because.",
+               "one two three", "a b c d e f", "tide tables", "x y x y x y"]
+
+    async def ask_all():
+        async with httpx.AsyncClient(timeout=60) as http:
+            bodies = [{"model": MODEL_NAME, "prompt": prompt, "max_tokens": 40, "temperature": 0,
+                       **({"speculative": speculative} if speculative else {})}
+                      for prompt, speculative in zip(prompts, asked)]
+            responses = await asyncio.gather(*(http.post(f"{url}/v1/completions", json=b) for b in bodies))
+            return [response.raise_for_status().json() for response in responses]
+
+    answers = asyncio.run(ask_all())
+    ran = [(a["speculative"]["method"], a["speculative"]["k"], a["speculative"]["drafted_tokens"]) for a in answers]
+    assert [(method, k) for method, k, _ in ran] == [("ngram", 4), ("copy", 3), ("suffix", "auto"), ("draft", 0),
+                                                     ("autoregressive", 0), ("draft", 3), ("draft", 1), ("ngram", 0)]
+    assert all(drafted == 0 for method, k, drafted in ran if k == 0)
+    assert ran[0][2] > 0 and ran[5][2] > 0  # the repeated prompt is copied; the draft model drafts
+    for prompt, answer in zip(prompts, answers):
+        expected = reference.generate(prompt, SamplingParams(temperature=0), max_new_tokens=40)
+        assert answer["choices"][0]["text"] == expected.text, prompt
+    streamed = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi hi hi"}],
+                                              max_tokens=12, temperature=0, stream=True,
+                                              extra_body={"speculative": {"method": "suffix", "k": 2}})
+    closing = [chunk for chunk in streamed if chunk.choices and chunk.choices[0].finish_reason][0]
+    assert closing.model_extra["speculative"]["method"] == "suffix" and closing.model_extra["speculative"]["k"] == 2
+
 
 
 def test_concurrent_clients_are_batched_and_each_gets_its_own_answer(url, reference):
@@ -309,6 +343,15 @@ BAD_REQUESTS = [
     ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
                           "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
     ("completions", {"model": "gpt-4", "prompt": "hi"}, 404, "does not exist"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"method": "eagle"}}, 400,
+     "'eagle' is not loaded on this engine; loaded: draft, autoregressive, ngram, suffix, copy"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": -1}}, 400, "speculative"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": 9}}, 400, "at most 8"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": "fast"}}, 400, "speculative"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": 2.0}}, 400, "speculative"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"method": 3}}, 400, "speculative"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"tree": 4}}, 400, "tree"),
+    ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": "ngram"}, 400, "speculative"),
     ("chat/completions", {"model": MODEL_NAME, "messages": []}, 400, "messages"),
     ("chat/completions", {"model": MODEL_NAME, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ("chat/completions", {"model": MODEL_NAME, "messages": "hello"}, 400, "messages"),

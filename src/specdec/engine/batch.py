@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from specdec.engine.adaptive import AdaptiveK
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import MAX_STOP_STRING_CHARS, Request, TokenLogprob, check_generation_options, \
-    common_prefix_length, encode_prompt
+from specdec.engine.request import MAX_STOP_STRING_CHARS, PLAIN_METHOD, Request, Speculation, TokenLogprob, \
+    check_generation_options, common_prefix_length, encode_prompt
 from specdec.engine.step import Row, commit_row, prefill, record_step_costs, run_adaptive_step
 from specdec.models.loader import eos_ids_of
 from specdec.models.runner import ModelRunner
@@ -101,7 +101,7 @@ class BatchEngine:
                 None: plain decoding.
             tokenizer: the target's; None where prompts come as ids.
             k: drafted tokens per step, an int >= 1, or "auto" (engine/adaptive.py chooses each step's
-                k in 0..max_k per row).
+                k in 0..max_k per row); a request may ask for its own (Speculation), at most max_k.
             eos_token_ids: tokens that end a request (default: the tokenizer's).
             spec_max_batch: above this many decoding rows, steps run plain (None: never).
             prefill_chunk: prompt tokens prefilled per step while other rows decode (None: a new
@@ -123,7 +123,8 @@ class BatchEngine:
         if isinstance(proposer, Proposer) and target.batch_size != 1:
             raise ValueError("a single-sequence proposer serves one row: build the proposer with slots=batch_size")
         self.target, self.proposer, self.tokenizer = target, as_batch(proposer), tokenizer
-        self.k = max_k if k == "auto" else k  # the most any row drafts in a step
+        self.k = max_k if k == "auto" else k  # the most a row of the engine's own k drafts in a step
+        self.k_setting, self.max_k = k, max_k  # a request's own k (Speculation) may be any of 0..max_k
         # Past this many running requests, steps draft nothing (vLLM's speculative_disable_by_batch_size):
         # a big batch already fills the hardware, and rejected drafts would only cost compute.
         self.spec_max_batch = spec_max_batch
@@ -150,11 +151,12 @@ class BatchEngine:
     def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                      max_new_tokens: int = 128, stop: Sequence[str] = (), chat: bool = False,
                      ignore_eos: bool = False, logprobs: int | None = None,
-                     max_stop_chars: int = MAX_STOP_STRING_CHARS) -> Request:
+                     max_stop_chars: int = MAX_STOP_STRING_CHARS, speculation: Speculation | None = None) -> Request:
         """Validate and encode; raises ValueError for bad input, before anything runs.
         logprobs: report each token's log-probability and this many top alternatives (None: off).
         max_stop_chars: each stop string's most characters, and a quarter of all of theirs (a server's
-        --max-stop-chars)."""
+        --max-stop-chars). speculation: the request's own method and k (check_speculation)."""
+        speculation = self.check_speculation(speculation or Speculation())
         stop = check_generation_options(max_new_tokens, stop, max_stop_string_chars=max_stop_chars,
                                         max_stop_chars_total=4 * max_stop_chars)
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
@@ -164,7 +166,28 @@ class BatchEngine:
         return Request(prompt_ids=ids,
                        params=params or SamplingParams(), max_new_tokens=max_new_tokens,
                        eos_token_ids=frozenset() if ignore_eos else self.eos_token_ids, stop=stop,
-                       tokenizer=self.tokenizer, logprobs=logprobs)
+                       tokenizer=self.tokenizer, logprobs=logprobs, speculation=speculation)
+
+    @property
+    def request_methods(self) -> tuple[str, ...]:
+        """The methods a request may name (its Speculation): a proposer of several methods' (the
+        server's, proposers/per_request.py), the engine's own first; () where only the engine's own runs."""
+        return () if self.proposer is None else tuple(self.proposer.methods)
+
+    def check_speculation(self, speculation: Speculation) -> Speculation:
+        """A request's Speculation, refused (ValueError naming what is loaded) where this engine cannot run it."""
+        if speculation.method is not None and speculation.method not in self.request_methods:
+            loaded = ", ".join(self.request_methods) or "only its own method; a request cannot choose another"
+            raise ValueError(f"method {speculation.method!r} is not loaded on this engine; loaded: {loaded}")
+        if isinstance(speculation.k, int) and speculation.k > self.max_k:
+            raise ValueError(f"k must be at most {self.max_k} here (the engine's max_k), got {speculation.k}")
+        return speculation
+
+    def _row_k(self, request: Request) -> int | str:
+        """A row's k: its request's own (plain decoding: 0), else the engine's."""
+        if request.speculation.method == PLAIN_METHOD:
+            return 0
+        return self.k_setting if request.speculation.k is None else request.speculation.k
 
     @property
     def running(self) -> int:
@@ -297,7 +320,7 @@ class BatchEngine:
             if running.prefilled < len(running.request.prompt_ids) - 1:
                 return  # the budget ran out mid-prompt
             self._prefilling.pop(0)  # complete: it decodes from the next step, in place
-            self.start_row(row, running.handle, running.tenant)
+            self.start_row(row, running.handle, running.tenant, running.request.speculation.method)
             running.decode_started = time.perf_counter()
             self._rows.append(running)
 
@@ -307,9 +330,11 @@ class BatchEngine:
         (EAGLE-3); None where it reads none."""
         return self._feature_layers if self._reads_hidden else None
 
-    def start_row(self, row: int, handle: Hashable, tenant: str | None = None) -> None:
-        """A request starts decoding in row: the proposer and -k auto's controller start afresh there."""
+    def start_row(self, row: int, handle: Hashable, tenant: str | None = None, method: str | None = None) -> None:
+        """A request starts decoding in row: the proposer (its request's method, None: the engine's) and
+        -k auto's controller start afresh there."""
         if self.proposer is not None:
+            self.proposer.set_row_method(row, method)
             self.proposer.set_row_tenant(row, tenant)
             self.proposer.start_row(row)
         if self.adaptive is not None:
@@ -378,14 +403,18 @@ class BatchEngine:
         # Every row writes k+1 positions, so the fullest row bounds k for all.
         room = min(self.max_context - len(row.tokens) for row in rows)
         # A request's first step is plain, as in SpecEngine (its first token as soon as plain decoding's).
-        max_ks = [0 if row.stats.target_forwards == 0 else max(0, min(self.k, row.request.remaining - 1, room - 1))
-                  for row in rows]
+        row_ks = [self._row_k(row.request) for row in rows]
+        max_ks = [0 if row.stats.target_forwards == 0 else
+                  max(0, min(self.max_k if k == "auto" else k, row.request.remaining - 1, room - 1))
+                  for row, k in zip(rows, row_ks)]
         if self.spec_max_batch is not None and batch > self.spec_max_batch:
             max_ks = [0] * batch  # plain decoding this step; the draft catches up when speculation resumes
+        if self.adaptive is None and "auto" in row_ks and self.proposer is not None:  # a request asked for it
+            self.adaptive = AdaptiveK.for_proposer(self.max_k, self.proposer)
 
         # Steps 1-5 and 7 (engine/step.py), then 6: commit, cut at EOS / stop / length; finished rows leave.
         result = run_adaptive_step(self.target, self.proposer, rows, max_ks, self.adaptive,
-                                   [row.handle for row in rows])
+                                   [row.handle for row in rows], fixed=[k != "auto" for k in row_ks])
         record_step_costs(self.proposer, result)  # one row's: scored copying's costs, --tree-size auto's
         updates, finished, failed = [], [], set()
         now = time.perf_counter()

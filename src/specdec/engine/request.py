@@ -307,6 +307,28 @@ class StopStringMatcher:
         return earliest
 
 
+PLAIN_METHOD = "autoregressive"  # a request naming it decodes plainly (its k is 0)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What one request asks of speculation (the OpenAI body's `speculative` object; docs/serving.md).
+
+    method: one the engine has loaded (BatchEngine.request_methods), None: the engine's own;
+    k: drafted tokens per step, an int >= 0 (0: plain decoding), "auto" (-k auto's controller
+    chooses each step's), None: the engine's own k. Which tokens are drafted never changes what is
+    emitted: verification keeps the target's output whatever the request chose."""
+
+    method: str | None = None
+    k: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method is not None and not isinstance(self.method, str):
+            raise ValueError(f"the method must be a string, got {self.method!r}")
+        if self.k not in (None, "auto") and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0):
+            raise ValueError(f"k must be an integer >= 0 (0: plain decoding) or 'auto', got {self.k!r}")
+
+
 @dataclass
 class Request:
     prompt_ids: list[int]
@@ -319,6 +341,7 @@ class Request:
     logprobs: int | None = None  # None: none; N >= 0: each token's log-probability and its N top alternatives
     token_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token, when asked
     finish_reason: str | None = None  # "eos" | "stop" | "length"
+    speculation: Speculation = field(default_factory=Speculation)  # the request's own method and k, if any
     _text: IncrementalText | None = field(default=None, init=False, repr=False)
     _stops: StopStringMatcher | None = field(default=None, init=False, repr=False)
     _cut_text: str | None = field(default=None, init=False, repr=False)  # the text, cut at a stop string

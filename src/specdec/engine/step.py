@@ -31,7 +31,7 @@ import torch
 
 from specdec.engine.metrics import RequestStats
 from specdec.engine.request import Request, token_logprobs
-from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext
+from specdec.proposers.base import PROPOSER, DraftProposal, LookaheadInputs, ProposeContext
 from specdec.proposers.batched import BatchProposer
 from specdec.sampling.params import SamplingParams
 from specdec.sampling.rejection import VerifyResult, greedy_verify, lenient_greedy_verify, rejection_sample
@@ -177,24 +177,37 @@ def check_vocabulary(tokens: Sequence[int], vocab_size: int) -> None:
 
 
 def run_adaptive_step(target, proposer: BatchProposer | None, rows: Sequence[Row], caps: Sequence[int],
-                      controller, handles: Sequence) -> StepResult:
+                      controller, handles: Sequence, fixed: Sequence[bool] | None = None) -> StepResult:
     """run_step with each row's k (at most its cap) chosen by the controller (engine/adaptive.py,
-    None: the caps themselves), which then learns from what the step measured."""
-    if controller is None or proposer is None or proposer.sizes_own_drafts:
+    None: the caps themselves), which then learns from what the step measured. Rows the controller
+    does not size take their caps: fixed[b] (a request that asked for its own k), and rows whose
+    proposer sizes its own drafts (scored copying). In a batch mixing both kinds the controller's
+    measured proposer time is the whole step's."""
+    if controller is None or proposer is None:
         return run_step(target, proposer, rows, caps)
-    unread = [proposer.unread_tokens(b, len(row.tokens)) for b, row in enumerate(rows)]
-    offered = [proposer.sources(b, row.tokens) for b, row in enumerate(rows)]  # a composite's choices
+    chosen = [b for b in range(len(rows)) if not (proposer.sizes_own_drafts_of(b) or (fixed and fixed[b]))]
+    if not chosen:
+        return run_step(target, proposer, rows, caps)
+    unread = [proposer.unread_tokens(b, len(rows[b].tokens)) for b in chosen]
+    offered = [proposer.sources(b, rows[b].tokens) for b in chosen]  # a composite's choices
     offered = None if all(offer is None for offer in offered) else offered
-    max_ks = controller.choose(handles, caps, unread, [row.request.remaining for row in rows], offered)
-    sources = list(controller.sources)
+    ks = controller.choose([handles[b] for b in chosen], [caps[b] for b in chosen], unread,
+                           [rows[b].request.remaining for b in chosen], offered)
+    sources, max_ks = list(controller.sources), list(caps)
+    for b, k in zip(chosen, ks):
+        max_ks[b] = k
     if offered is not None:
-        proposer.use_sources(sources)
+        every_row = [PROPOSER] * len(rows)
+        for b, source in zip(chosen, sources):
+            every_row[b] = source
+        proposer.use_sources(every_row)
     result = run_step(target, proposer, rows, max_ks)
     # Context the proposer read this step (a draft model's catch-up, where it drafted nothing).
-    caught_up = sum(before - proposer.unread_tokens(b, len(row.tokens))
-                    for b, (row, before, max_k) in enumerate(zip(rows, unread, max_ks)) if max_k >= 1)
-    controller.record(handles, max_ks, result.drafted, result.accepted, draft_s=result.propose_s,
-                      tokens=result.forward_tokens, verify_s=result.verify_s, caught_up=caught_up, sources=sources)
+    caught_up = sum(before - proposer.unread_tokens(b, len(rows[b].tokens))
+                    for b, before, k in zip(chosen, unread, ks) if k >= 1)
+    controller.record([handles[b] for b in chosen], ks, [result.drafted[b] for b in chosen],
+                      [result.accepted[b] for b in chosen], draft_s=result.propose_s, tokens=result.forward_tokens,
+                      verify_s=result.verify_s, caught_up=caught_up, sources=sources)
     return result
 
 

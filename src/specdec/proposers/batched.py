@@ -32,6 +32,18 @@ class BatchProposer:
     tree_budget = None  # as Proposer's (one request: SpecEngine records its tree steps into it)
     sizes_own_drafts: bool = False  # as Proposer's
     step_costs = None  # as Proposer's (one-row steps are recorded into it)
+    methods: tuple[str, ...] = ()  # what a request may name (set_row_method); (): only the proposer's own
+
+    def sizes_own_drafts_of(self, row: int) -> bool:
+        """Whether row's drafts are sized by the proposer itself (-k auto's controller then gives it its
+        whole cap); rows differ where requests chose their methods (per_request.py)."""
+        return self.sizes_own_drafts
+
+    def set_row_method(self, row: int, method: str | None) -> None:
+        """The request about to start in row asked for method (called before start_row); None: the
+        proposer's own. Only a proposer of several methods (per_request.py) offers another."""
+        if method is not None:
+            raise ValueError(f"method {method!r} is not loaded here")
 
     def start_row(self, row: int) -> None:
         """A new request now runs in row."""
@@ -112,10 +124,13 @@ def pad_proposals(proposals: Sequence[DraftProposal], vocab_size: int, device: t
 
 
 def row_of(proposal: DraftProposal, row: int) -> DraftProposal:
-    """Row `row` of a batched proposal [B, k], trimmed to its real tokens: [1, k_row]."""
+    """Row `row` of a batched proposal [B, k], trimmed to its real tokens: [1, k_row], with its tree
+    and lookahead tokens."""
     count = int(proposal.num_tokens[row])
+    tree, lookahead = proposal.tree(row), proposal.lookahead(row)
     return DraftProposal(proposal.token_ids[row:row + 1, :count], proposal.num_tokens[row:row + 1],
-                         None if proposal.probs is None else proposal.probs[row:row + 1, :count])
+                         None if proposal.probs is None else proposal.probs[row:row + 1, :count],
+                         trees=None if tree is None else (tree,), lookaheads=None if lookahead is None else (lookahead,))
 
 
 class RowwiseProposer(BatchProposer):

@@ -47,6 +47,19 @@ _NEEDS_DRAFT_MODEL = {"draft", "ngram+draft", "copy+draft",
 _HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "eagle3": "eagle3", "eagle3-tree": "eagle3",
               "medusa": "medusa"}  # method -> trained head it loads
 DEFAULT_TREE_SIZE = {"eagle-tree": 10, "eagle3-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
+# Methods a request may choose beside any server's own (per_request.py): they need no model but the
+# target, read none of its features and add no tokens to its forward.
+BESIDE_ANY_METHOD = ("autoregressive", "ngram", "suffix", "copy")
+
+
+def request_methods_beside(method: str) -> tuple[str, ...]:
+    """The methods a server running `method` lets a request choose besides it: BESIDE_ANY_METHOD,
+    except beside a head (its rows' features would pile up unread in every other row) and lookahead
+    decoding (its window's tokens are priced into every drafting row's forward), which run alone."""
+    check_method(method)
+    if head_kind(method) is not None or method == "lookahead":
+        return ()
+    return tuple(other for other in BESIDE_ANY_METHOD if other != method)
 
 
 def head_kind(method: str) -> str | None:

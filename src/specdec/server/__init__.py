@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from fastapi import FastAPI
 
 from specdec.config import SpecConfig
 from specdec.engine.batch import BatchEngine
 from specdec.models.loader import eos_ids_of
-from specdec.proposers.registry import check_method
+from specdec.proposers.registry import check_method, request_methods_beside
 from specdec.server.app import create_app
 from specdec.server.guards import ServerLimits
 from specdec.server.metrics import ServerMetrics
@@ -31,7 +32,7 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
                  api_key: str | list[str] | None = None,
                  public_metrics: bool = False, prefill_chunk: int | None = None, head=None,
                  prompt_cache: bool = True, limits: ServerLimits | None = None, shared_cache: bool = False,
-                 tenant_header: str | None = None) -> FastAPI:
+                 tenant_header: str | None = None, request_methods: Sequence[str] | None = None) -> FastAPI:
     """The app for one target (a NativeRunner; its weights are shared, its cache is not) and the method
     and options of `config` (a resolved SpecConfig; k a fixed integer: the batched engine drafts fixed k).
 
@@ -47,6 +48,8 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
     api_key: one key or several (each a tenant: the prompt cache and suffix decoding's cache are shared
     only within one, unless shared_cache); tenant_header: a header a trusted proxy sets, splitting
     tenants further; limits: ServerLimits (server/guards.py), each a flag of `specdec serve`.
+    request_methods: the methods a request's `speculative` object may name besides config's (None:
+    every one registry.request_methods_beside allows; (): only config's own).
     """
     from specdec.factory import batch_proposer_for
 
@@ -68,13 +71,15 @@ def build_server(target_runner, tokenizer, *, name: str, config: SpecConfig, dra
         if not hasattr(draft_runner, "with_batch_size"):
             raise ValueError("serving with a draft model needs the draft on the native backend too")
         draft = draft_runner.with_batch_size(slots, max_context=target.max_context)
-    proposer = batch_proposer_for(config, slots=slots, draft_runner=draft, head=head)
+    others = request_methods_beside(method) if request_methods is None else tuple(request_methods)
+    proposer = batch_proposer_for(config, slots=slots, draft_runner=draft, head=head,
+                                  request_methods=(method, *(other for other in others if other != method)))
     eos = eos_ids_of(tokenizer) if eos_token_ids is None else eos_token_ids
     engine = BatchEngine(target, proposer, tokenizer, k=k, eos_token_ids=eos, spec_max_batch=spec_max_batch,
                          prefill_chunk=prefill_chunk, max_k=config.max_k, prompt_cache=prompt_cache)
     metrics = ServerMetrics(model=name, method=method, k=k, slots=slots, max_queue=max_queue)
     scheduler = Scheduler(engine, metrics, max_queue=max_queue)
     served = ServedModel(name, tokenizer, target.max_context, target.vocab_size, method, k, default_max_tokens,
-                         int(time.time()), float(lenience))
+                         int(time.time()), float(lenience), engine.request_methods, config.max_k)
     return create_app(scheduler, served, api_key=api_key, public_metrics=public_metrics, limits=limits,
                       shared_cache=shared_cache, tenant_header=tenant_header)

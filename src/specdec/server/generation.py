@@ -16,9 +16,9 @@ from fastapi.responses import StreamingResponse
 
 from specdec.engine.batch import RowUpdate
 from specdec.engine.metrics import RequestStats
-from specdec.engine.request import encode_prompt
+from specdec.engine.request import Speculation, encode_prompt
 from specdec.sampling.params import SamplingParams
-from specdec.server.protocol import APIError, ChatCompletionRequest, SamplingRequest
+from specdec.server.protocol import APIError, ChatCompletionRequest, SamplingRequest, SpeculativeOptions
 from specdec.server.scheduler import EngineStopped, Job, JobFailed, QueueFull
 from specdec.server.state import ServedModel, ServerState
 
@@ -92,6 +92,11 @@ def submit(state: ServerState, body: SamplingRequest, ids: list[int], endpoint: 
         raise APIError(400, f"this model's context is {served.max_context} tokens; the prompt has {len(ids)} "
                             f"and max_tokens asks for {max_tokens} more", param="max_tokens",
                        code="context_length_exceeded")
+    asked = body.speculative or SpeculativeOptions()
+    try:
+        speculation = scheduler.engine.check_speculation(Speculation(asked.method, asked.k))
+    except ValueError as error:
+        raise APIError(400, str(error), param="speculative") from None
     try:
         # n samples: one request each, seeds seed, seed + 1, ... (as vLLM), one shared prefill (engine/batch.py)
         requests = [scheduler.engine.make_request(
@@ -99,7 +104,8 @@ def submit(state: ServerState, body: SamplingRequest, ids: list[int], endpoint: 
                                 min_p=body.min_p, seed=None if body.seed is None else body.seed + index,
                                 lenience=served.lenience),
             max_new_tokens=max_tokens, stop=body.stop_strings, ignore_eos=body.ignore_eos,
-            logprobs=logprob_count, max_stop_chars=limits.max_stop_chars) for index in range(body.n)]
+            logprobs=logprob_count, max_stop_chars=limits.max_stop_chars, speculation=speculation)
+            for index in range(body.n)]
     except ValueError as error:
         raise APIError(400, str(error)) from None
     jobs: list[Job] = []
@@ -225,7 +231,7 @@ async def _events(state: ServerState, jobs: list[Job], chunk: Chunk, first: dict
             finals[index] = update
             closing = chunk(None if first is not None else "", FINISH_REASONS[update.finish_reason],
                             wanted if wanted else None, index)
-            closing["speculative"] = speculative(state.served, [update.stats])
+            closing["speculative"] = speculative(state.served, [update.stats], job.request.speculation)
             yield sse(closing)
         if include_usage and len(finals) == len(jobs):
             yield sse({**chunk("", None), "choices": [],
@@ -252,11 +258,12 @@ def usage_fields(served: ServedModel, jobs: list[Job], finals: list[RowUpdate]) 
     cached = max(final.stats.prompt_tokens_reused for final in finals)
     return {"usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                       "prompt_tokens_details": {"cached_tokens": cached}},
-            "speculative": speculative(served, [final.stats for final in finals])}
+            "speculative": speculative(served, [final.stats for final in finals], jobs[0].request.speculation)}
 
 
-def speculative(served: ServedModel, all_stats: list[RequestStats]) -> dict:
-    """What speculation did: one choice's stats, or the sums (and rates of the sums) over n choices."""
+def speculative(served: ServedModel, all_stats: list[RequestStats], speculation: Speculation) -> dict:
+    """What speculation did: the method and k the request ran with, and one choice's stats, or the sums
+    (and rates of the sums) over n choices."""
     if len(all_stats) == 1:
         stats = all_stats[0]
     else:
@@ -264,7 +271,7 @@ def speculative(served: ServedModel, all_stats: list[RequestStats]) -> dict:
         for choice in all_stats:
             stats.merge(choice)
     return {
-        **served.speculative_setup,
+        **served.ran(speculation),
         "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "mean_accepted_length": round(stats.mean_accepted_length, 4),

@@ -61,6 +61,17 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class SpeculativeOptions(BaseModel):
+    """specdec's extension: this request's own speculation (docs/serving.md). method: one the server
+    loaded (GET /v1/models lists them under speculative.methods), k: drafted tokens per step, 0 for
+    plain decoding, or "auto". Either may be left out: the server's own. The output is the same
+    whichever is chosen (exact verification); only its speed changes."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    method: Annotated[str, Field(min_length=1)] | None = None
+    k: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
+
+
 class SamplingRequest(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -79,6 +90,7 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever comes (benchmarks)
     return_token_ids: bool = False  # vLLM's extension: each choice also carries its token ids (not streamed)
+    speculative: SpeculativeOptions | None = None  # specdec's extension: this request's method and k
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None

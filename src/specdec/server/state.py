@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
+from specdec.engine.request import PLAIN_METHOD, Speculation
 from specdec.server.guards import ServerLimits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError
@@ -34,12 +35,24 @@ class ServedModel:
     default_max_tokens: int = 256  # chat requests without max_tokens (capped by the context)
     created: int = 0
     lenience: float = 1.0  # every request's; < 1 is LOSSY (sampling/params.py), and says so in `speculative`
+    request_methods: tuple[str, ...] = ()  # what a request's `speculative` object may name, the server's own first
+    max_k: int = 8  # the largest k a request may ask for
 
     @property
     def speculative_setup(self) -> dict:
-        """method and k; a lossy server also names its lenience, so no client mistakes it for exact."""
+        """method and k, what requests may choose; a lossy server also names its lenience, so no client
+        mistakes it for exact."""
         lossy = {"lenience": self.lenience, "lossy": True} if self.lenience != 1.0 else {}
-        return {"method": self.method, "k": self.k, **lossy}
+        return {"method": self.method, "k": self.k, "methods": list(self.request_methods), "max_k": self.max_k,
+                **lossy}
+
+    def ran(self, speculation: Speculation) -> dict:
+        """A response's method and k: what the request asked for, the server's own where it asked nothing;
+        a lossy server's lenience."""
+        lossy = {"lenience": self.lenience, "lossy": True} if self.lenience != 1.0 else {}
+        method = self.method if speculation.method is None else speculation.method
+        k = 0 if method == PLAIN_METHOD else (self.k if speculation.k is None else speculation.k)
+        return {"method": method, "k": k, **lossy}
 
 
 @dataclass(frozen=True)
