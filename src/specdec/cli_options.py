@@ -13,11 +13,9 @@ import math
 from pathlib import Path
 from collections.abc import Callable
 
-from specdec.config import (DEFAULT_DRAFT, DEFAULT_TARGET, QUANTIZATIONS, HeadOptions, NgramOptions, SpecConfig)
-from specdec.proposers.lookahead import LookaheadOptions
-from specdec.proposers.registry import AUTO_METHOD, METHODS
-from specdec.proposers.scored_copy import DEFAULT_CORPUS_TOKENS, CopyOptions
-from specdec.proposers.suffix import SuffixOptions
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, QUANTIZATIONS, HeadOptions, SpecConfig, option_groups
+from specdec.option_fields import flags_of, non_negative_int, number_in, positive_int, probability
+from specdec.proposers.registry import AUTO_METHOD, METHODS, methods_reading
 
 LENIENCE_HELP = ("LOSSY below 1 (Leviathan et al., Appendix A.5): a drafted token t is accepted with probability "
                  "min(1, p(t) / (l q(t))) instead of min(1, p(t) / q(t)), and at temperature 0 whenever "
@@ -26,20 +24,6 @@ LENIENCE_HELP = ("LOSSY below 1 (Leviathan et al., Appendix A.5): a drafted toke
 
 
 # ---- argparse types: bad values are one clear line, before anything loads ----------------------
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
 
 
 def int_or_auto(minimum: int) -> Callable[[str], int | str]:
@@ -69,20 +53,6 @@ def tree_size_list(text: str) -> list[int | str]:
     return list(dict.fromkeys(tree_size_value(value) for value in values))
 
 
-def number_in(interval: str, contains: Callable[[float], bool]) -> Callable[[str], float]:
-    """An argparse type: a float that `contains` accepts, else an error naming the interval."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan  # fails every comparison
-        if not contains(value):
-            raise argparse.ArgumentTypeError(f"must be a number in {interval}, got {text}")
-        return value
-    return parse
-
-
-probability = number_in("[0, 1)", lambda v: 0.0 <= v < 1.0)
 lenience = number_in("(0, 1]", lambda v: 0.0 < v <= 1.0)
 non_negative_float = number_in("[0, inf)", lambda v: 0.0 <= v < math.inf)
 
@@ -206,7 +176,7 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
 
 def add_head_args(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
     """sweep (bench): --tree-size takes a comma-separated list, each size its own row of the run."""
-    heads = parser.add_argument_group("draft heads (--method eagle, eagle-tree, eagle3, eagle3-tree, medusa)")
+    heads = parser.add_argument_group(f"draft heads (--method {', '.join(methods_reading('head'))})")
     heads.add_argument("--head", default=None, metavar="PATH",
                        help="a head checkpoint from `specdec train-head`, or for eagle3 a speculators / EAGLE-3 "
                             "directory (config.json + safetensors, as vLLM loads) (default: the one trained for "
@@ -223,56 +193,35 @@ def add_head_args(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
                        help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
 
 
+def add_option_groups(parser: argparse.ArgumentParser) -> None:
+    """One argparse group per flagged options dataclass of SpecConfig (option_fields.py), titled by
+    the methods whose entries read it: --GROUP-FIELD flags, read back by config_from_args."""
+    for group_name, options in option_groups().items():
+        declared = flags_of(options)
+        if not declared:
+            continue
+        group = parser.add_argument_group(f"{options.TITLE} (--method {', '.join(methods_reading(group_name))})")
+        for field, flag in declared:
+            name = f"--{group_name}-{flag.name or field.name.replace('_', '-')}"
+            if flag.parse is None:
+                group.add_argument(name, dest=f"{group_name}_{field.name}", action="store_true", help=flag.help)
+            else:
+                group.add_argument(name, dest=f"{group_name}_{field.name}", type=flag.parse, default=field.default,
+                                   metavar=flag.metavar, choices=flag.choices, help=flag.help)
+
+
+def options_from_args(args: argparse.Namespace) -> dict:
+    """SpecConfig's flagged option groups from the parsed flags (a flag a command lacks: its default)."""
+    return {group_name: options(**{field.name: getattr(args, f"{group_name}_{field.name}", field.default)
+                                   for field, _ in flags_of(options)})
+            for group_name, options in option_groups().items() if flags_of(options)}
+
+
 def add_ngram_args(parser: argparse.ArgumentParser) -> None:
-    """n-gram lookup, suffix decoding and lookahead decoding: the model-free proposers' knobs."""
-    ngram = parser.add_argument_group("n-gram lookup (--method ngram, ngram+draft)")
-    ngram.add_argument("--ngram-max", type=positive_int, default=3,
-                       help="longest suffix to look up; tried first (default: 3)")
-    ngram.add_argument("--ngram-min", type=positive_int, default=1,
-                       help="shortest suffix that still counts as a match (default: 1)")
-    ngram.add_argument("--ngram-tie-break", choices=["recent", "random"], default="recent",
-                       help="among equally long continuations: the most recent match, or one drawn with the "
-                            "request's seed (default: recent)")
-    ngram.add_argument("--draft-k", type=positive_int, default=None,
-                       help="ngram+draft: at most this many draft-model tokens per step (default: k)")
-    suffix = parser.add_argument_group("suffix decoding (--method suffix)")
-    suffix.add_argument("--suffix-cache-requests", type=non_negative_int, default=500, metavar="N",
-                        help="earlier requests whose outputs the shared suffix cache keeps, oldest evicted first "
-                             "(default: 500; 0 = each request drafts from itself only). Memory: about 1 KB per "
-                             "cached token (25 MB for 100 answers of 256 tokens)")
-    suffix.add_argument("--suffix-max-depth", type=positive_int, default=24, metavar="D",
-                        help="longest substring counted, hence the longest suffix matched (default: 24, vLLM's)")
-    suffix.add_argument("--suffix-spec-factor", type=float, default=1.0, metavar="F",
-                        help="draft at most ceil(F x the matched suffix's length) tokens, and at most k "
-                             "(default: 1.0, vLLM's): long matches earn long drafts")
-    suffix.add_argument("--suffix-min-prob", type=probability, default=0.1, metavar="P",
-                        help="draft no token whose estimated probability (the product of its path's "
-                             "continuation frequencies) is below P (default: 0.1, vLLM's)")
-    copy = parser.add_argument_group("scored copying (--method copy)")
-    copy.add_argument("--copy-scorer", default=None, metavar="FILE",
-                      help="the fitted score it chooses by, as `specdec replay RUN --fit FILE` writes it from your "
-                           "own recorded answers (default: the one that ships, fitted on the repository's bench runs)")
-    copy.add_argument("--copy-corpus-tokens", type=non_negative_int, default=DEFAULT_CORPUS_TOKENS, metavar="N",
-                      help="earlier requests' prompts and answers it also copies from, per tenant, newest kept "
-                           f"(default: {DEFAULT_CORPUS_TOKENS}; 0 = each request copies from itself only)")
-    copy.add_argument("--copy-costs", default=None, metavar="FILE",
-                      help="choose draft lengths by this `specdec costs` table instead of the engine's measured "
-                           "step times: a seeded sampled run then drafts, hence draws, the same every time "
-                           "(a table written with --trees also prices --copy-trees' trees)")
-    copy.add_argument("--copy-trees", action="store_true",
-                      help="verify a tree of the candidates that diverge after a shared prefix, as large as the "
-                           "cost curve pays for (native backend); pays where many tokens verify for about one's "
-                           "cost (a GPU), barely on a CPU (benchmarks/RESULTS.md, \"Trees of copies\"); a tree "
-                           "only where it beats the best chain at its own measured cost")
-    lookahead = parser.add_argument_group("lookahead decoding (--method lookahead)")
-    lookahead.add_argument("--lookahead-window", type=positive_int, default=4, metavar="W",
-                           help="columns of the Jacobi window the target guesses ahead on (default: 4)")
-    lookahead.add_argument("--lookahead-ngram", type=positive_int, default=3, metavar="N",
-                           help="length of the n-grams collected from the window, >= 2; N-1 levels of W guesses "
-                                "ride along each step (default: 3)")
-    lookahead.add_argument("--lookahead-guesses", type=positive_int, default=3, metavar="G",
-                           help="pool n-grams verified per step, as a tree (default: 3). Every token costs: "
-                                "(N-1) x W + up to G x (N-1) tokens join each target forward")
+    """The model-free proposers' knobs (each options dataclass's flags) and the draft's cap under ngram+draft."""
+    add_option_groups(parser)
+    parser.add_argument("--draft-k", type=positive_int, default=None,
+                        help="ngram+draft and copy+draft: at most this many draft-model tokens per step (default: k)")
 
 
 # ---- namespace -> SpecConfig, once ---------------------------------------------------------------
@@ -294,17 +243,7 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
         device=option("device", "auto"), dtype=option("dtype", "auto"), backend=option("backend", "auto"),
         quantize=option("quantize", "auto"), draft_quantize=option("draft_quantize", "auto"),
         draft_vocab=option("draft_vocab"),
-        ngram=NgramOptions(option("ngram_max", 3), option("ngram_min", 1), option("ngram_tie_break", "recent")),
-        suffix=SuffixOptions(**{field: option(f"suffix_{name}", default) for field, name, default in (
-            ("cache_requests", "cache_requests", SuffixOptions.cache_requests),
-            ("max_depth", "max_depth", SuffixOptions.max_depth),
-            ("spec_factor", "spec_factor", SuffixOptions.spec_factor),
-            ("min_token_prob", "min_prob", SuffixOptions.min_token_prob))}),
-        copy=CopyOptions(option("copy_scorer"), option("copy_corpus_tokens", DEFAULT_CORPUS_TOKENS),
-                         option("copy_costs"), option("copy_trees", False)),
-        lookahead=LookaheadOptions(option("lookahead_window", LookaheadOptions.window),
-                                   option("lookahead_ngram", LookaheadOptions.ngram),
-                                   option("lookahead_guesses", LookaheadOptions.guesses)),
+        **options_from_args(args),
         # bench's --tree-size is a list (grid): each grid cell sets its own
         head=HeadOptions(option("head"), None if grid else option("tree_size"), option("tree_topk", 4)),
     )

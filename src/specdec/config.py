@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from specdec.models.native.linear import QUANTIZATIONS
 from specdec.proposers.draft_model import DEFAULT_CONFIDENCE
 from specdec.proposers.lookahead import LookaheadOptions
-from specdec.proposers.ngram import check_ngram_args
+from specdec.proposers.ngram import NgramOptions
 from specdec.proposers.registry import AUTO_METHOD, METHODS, check_method, head_kind, needs_draft_model, resolve_method
 from specdec.proposers.scored_copy import CopyOptions
 from specdec.proposers.suffix import SuffixOptions
@@ -26,19 +26,6 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # models/loader.py
 BACKENDS = ("auto", "native", "hf")
-
-
-@dataclass(frozen=True)
-class NgramOptions:
-    """Prompt lookup (--method ngram, ngram+draft): the longest suffix tried first, the shortest
-    that still counts, and which of equally long continuations to copy."""
-
-    max: int = 3
-    min: int = 1
-    tie_break: str = "recent"
-
-    def __post_init__(self) -> None:
-        check_ngram_args(self.max, self.min, self.tie_break)
 
 
 @dataclass(frozen=True)
@@ -110,9 +97,7 @@ class SpecConfig:
                                      ("backend", self.backend, BACKENDS), ("dtype", self.dtype, DTYPES)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        for name, kind in (("ngram", NgramOptions), ("suffix", SuffixOptions), ("copy", CopyOptions),
-                           ("lookahead", LookaheadOptions),
-                           ("head", HeadOptions)):
+        for name, kind in option_groups().items():
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
 
@@ -153,6 +138,13 @@ class SpecConfig:
         drafter = f"draft {self.draft}" if self.needs_draft_model else (
             f"{self.head_kind} head" if self.head_kind else "no draft model")
         return f"{self.target} | {self.method} ({drafter}) | k={self.k}"
+
+
+def option_groups() -> dict[str, type]:
+    """SpecConfig's option groups, name -> options dataclass (NgramOptions, SuffixOptions, ...): the
+    fields a method's entry names in MethodEntry.options, each built by its default_factory."""
+    return {f.name: type(f.default_factory()) for f in dataclasses.fields(SpecConfig)
+            if f.default_factory is not dataclasses.MISSING}
 
 
 def _is_int(value) -> bool:

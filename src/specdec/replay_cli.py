@@ -55,14 +55,18 @@ the copy ceiling's continuations, whichever is cheaper step by step.
 def add_replay_command(sub) -> None:
     import argparse
 
+    from specdec.proposers.registry import ENTRIES
+
     replay = sub.add_parser("replay", help="replay a bench run's greedy answers through ngram and suffix decoding "
                                            "(no model) or a draft model (no target): exact acceptance, predicted "
                                            "speedup, the copy ceiling and the draft's oracle",
                             epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("results", help="a `specdec bench` OUT directory (or its results.jsonl)")
-    replay.add_argument("--methods", default=None, help="comma-separated, of ngram, suffix, copy, draft and "
-                                                         "ngram+draft (the last two need --draft; default: all "
-                                                         "that can run)")
+    replayable = [name for name, method in ENTRIES.items() if method.replayable]
+    with_draft = [name for name in replayable if ENTRIES[name].needs_draft_model]
+    replay.add_argument("--methods", default=None,
+                        help=f"comma-separated, of {', '.join(replayable)} ({' and '.join(with_draft)} need --draft; "
+                             "default: all that can run)")
     replay.add_argument("--k", default=None,
                         help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
     replay.add_argument("--costs", help="the cost table of the machine to predict for, as `specdec costs` "
@@ -97,7 +101,7 @@ def cmd_replay(args) -> int:
     from specdec.analysis.replay import (cost_table, draft_cost_table, flat_cost, replay_json, replay_markdown,
                                          replay_rows)
     from specdec.bench.harness import read_results
-    from specdec.proposers.registry import build_proposer
+    from specdec.proposers.registry import ENTRIES, build_proposer
     from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
     from specdec.proposers.suffix import SuffixOptions
 
@@ -105,12 +109,14 @@ def cmd_replay(args) -> int:
     if not path.exists():
         raise ValueError(f"no bench results at {path} (a `specdec bench --out DIR` writes DIR/results.jsonl)")
     header, rows = read_results(path)
-    model_free, with_draft = ("ngram", "suffix", "copy"), ("draft", "ngram+draft")
+    replayable = [name for name, method in ENTRIES.items() if method.replayable]
+    model_free = tuple(name for name in replayable if not ENTRIES[name].needs_draft_model)
+    with_draft = tuple(name for name in replayable if ENTRIES[name].needs_draft_model)
     methods = [m.strip() for m in (args.methods or ",".join(model_free + (with_draft if args.draft else ()))).split(",")
                if m.strip()]
     for method in methods:
         if method not in model_free + with_draft:
-            raise ValueError(f"replay drafts with ngram, suffix, draft and ngram+draft only, not {method!r} "
+            raise ValueError(f"replay drafts with {', '.join(replayable)} only, not {method!r} "
                              "(heads read the target's features: bench them)")
         if method in with_draft and not args.draft:
             raise ValueError(f"{method} needs a draft model: --draft NAME (the bench run's was "

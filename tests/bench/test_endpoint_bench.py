@@ -47,7 +47,8 @@ def test_bench_endpoints_interleaves_reports_and_resumes(servers, prompt_file, t
     header, rows = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
     assert header["bench"] == "endpoints" and header["reference"] == "plain"
     assert [(e["label"], e["model"]) for e in header["endpoints"]] == [("plain", "tiny"), ("spec", "tiny")]
-    assert header["endpoints"][1]["speculative"] == {"method": "draft", "k": 3}
+    setup = header["endpoints"][1]["speculative"]
+    assert (setup["method"], setup["k"], setup["methods"][0]) == ("draft", 3, "draft")
 
     # 3 prompts x 2 temperatures x 2 endpoints, the endpoints' order rotating from group to group
     assert len(rows) == 12 and not any(r.get("error") for r in rows)

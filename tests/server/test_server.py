@@ -195,7 +195,7 @@ def test_models_and_health(client, url):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL_NAME]
     assert models[0].model_extra["speculative"] == {"method": "draft", "k": 3, "max_k": 8,
-                                                    "methods": ["draft", "autoregressive", "ngram", "suffix", "copy"]}
+                                                    "methods": ["draft", "autoregressive", "ngram", "copy", "suffix"]}
     health = httpx.get(f"{url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
@@ -344,7 +344,7 @@ BAD_REQUESTS = [
                           "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
     ("completions", {"model": "gpt-4", "prompt": "hi"}, 404, "does not exist"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"method": "eagle"}}, 400,
-     "'eagle' is not loaded on this engine; loaded: draft, autoregressive, ngram, suffix, copy"),
+     "'eagle' is not loaded on this engine; loaded: draft, autoregressive, ngram, copy, suffix"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": -1}}, 400, "speculative"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": 9}}, 400, "at most 8"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": "fast"}}, 400, "speculative"),

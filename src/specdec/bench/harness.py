@@ -23,6 +23,7 @@ from specdec.bench.prompt_sets import BenchPrompt
 from specdec.bench.quality import humaneval_passes, target_log_likelihood
 from specdec.engine import SpecEngine
 from specdec.engine.request import chat_template_ids
+from specdec.proposers.registry import TREE_METHODS  # the methods --tree-size sizes (their entries)
 from specdec.sampling import SamplingParams
 
 AUTOREGRESSIVE = "autoregressive"
@@ -44,7 +45,6 @@ class MethodSpec:
         return label if self.lenience == 1.0 else f"{label} l={self.lenience:g}"
 
 
-TREE_METHODS = ("eagle-tree", "eagle3-tree", "medusa")  # the methods --tree-size sizes
 
 
 def method_grid(methods: list[str], ks: list[int | str], leniences: list[float] = (1.0,),

@@ -27,8 +27,11 @@ costs, so the defaults are small (W=4, N=3, G=3: 8 + at most 6 tokens per step).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from specdec.option_fields import flagged, positive_int
 
 from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, Proposer, chain_or_tree
 
@@ -40,9 +43,16 @@ POOL_PER_TOKEN = 16  # n-grams kept per first token, most recent first
 
 @dataclass(frozen=True)
 class LookaheadOptions:
-    window: int = DEFAULT_WINDOW  # W: columns of the Jacobi window
-    ngram: int = DEFAULT_NGRAM  # N: collected n-gram length (N-1 levels, N-1 drafted tokens)
-    guesses: int = DEFAULT_GUESSES  # G: pool n-grams verified per step
+    """--method lookahead's knobs; each field is its own flag."""
+
+    TITLE: ClassVar[str] = "lookahead decoding"
+    window: int = flagged(DEFAULT_WINDOW, "columns of the Jacobi window the target guesses ahead on "
+                          f"(default: {DEFAULT_WINDOW})", parse=positive_int, metavar="W")
+    ngram: int = flagged(DEFAULT_NGRAM, "length of the n-grams collected from the window, >= 2; N-1 levels of W "
+                         f"guesses ride along each step (default: {DEFAULT_NGRAM})", parse=positive_int, metavar="N")
+    guesses: int = flagged(DEFAULT_GUESSES, "pool n-grams verified per step, as a tree (default: "
+                           f"{DEFAULT_GUESSES}). Every token costs: (N-1) x W + up to G x (N-1) tokens join each "
+                           "target forward", parse=positive_int, metavar="G")
 
     def __post_init__(self) -> None:
         for name, low in (("window", 1), ("ngram", 2), ("guesses", 1)):

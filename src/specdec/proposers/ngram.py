@@ -20,13 +20,31 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from specdec.option_fields import flagged, positive_int
+
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
 
 TIE_BREAKS = ("recent", "random")
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt lookup (--method ngram, ngram+draft): the longest suffix tried first, the shortest that
+    still counts, and which of equally long continuations to copy. Each field is its own flag."""
+
+    TITLE: ClassVar[str] = "n-gram lookup"
+    max: int = flagged(3, "longest suffix to look up; tried first (default: 3)", parse=positive_int)
+    min: int = flagged(1, "shortest suffix that still counts as a match (default: 1)", parse=positive_int)
+    tie_break: str = flagged("recent", "among equally long continuations: the most recent match, or one drawn "
+                             "with the request's seed (default: recent)", parse=str, choices=TIE_BREAKS)
+
+    def __post_init__(self) -> None:
+        check_ngram_args(self.max, self.min, self.tie_break)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,15 @@
-"""Method name -> proposer. The only place a method string is read."""
+"""Every method, described once (MethodEntry: its name, line of help, needs, tree size, option groups,
+where it runs), and method name -> proposer. The only place a method string is read.
+
+Shipped methods are entries here; another package's arrive through the `specdec.methods` entry point
+(plugins.py) and become entries too, so --method, SpecConfig, the server, bench and the docs' table
+know them alike.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
@@ -16,40 +23,164 @@ from specdec.proposers.plugins import build_plugin, discover
 from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer, load_scorer
 from specdec.proposers.suffix import SuffixCache, SuffixOptions, SuffixProposer
 
-METHODS = {
-    "autoregressive": "plain decoding of the target, one token per forward (Chen et al. Algorithm 1)",
-    "draft": "a small draft model proposes k tokens, the target verifies them (Chen et al. Algorithm 2)",
-    "ngram": "prompt lookup / LLMA: copy what followed the last n tokens earlier in the context; no draft model",
-    "ngram+draft": "n-gram lookup first, the draft model when the lookup finds no match",
-    "eagle": "an EAGLE head (one layer on the target's own hidden states, trained by `specdec train-head`) "
-             "drafts a chain of k tokens",
-    "eagle-tree": "EAGLE-2: the EAGLE head drafts a dynamic tree (--tree-size nodes, depth <= k), verified in one "
-                  "target pass with a tree attention mask",
-    "eagle3": "an EAGLE-3 head (reads the target's low, middle and high layers, trained on its own drafts by "
-              "`specdec train-head --kind eagle3`, or a speculators/vLLM eagle3 directory) drafts a chain of k tokens",
-    "eagle3-tree": "the EAGLE-3 head drafts EAGLE-2's dynamic tree, verified in one target pass",
-    "medusa": "Medusa heads on the target's last hidden state draft a static tree (--tree-size nodes; 0 = a chain)",
-    "lookahead": "lookahead decoding: the target itself guesses n-grams by Jacobi iteration over a window of "
-                 "guesses, in the same forward that verifies earlier ones; no draft model (native backend)",
-    "copy": "scored copying: every continuation this request and earlier ones offer, each token's acceptance "
-            "estimated by a fitted score, the candidate and length with the most tokens per second under the "
-            "machine's measured costs; no draft model",
-    "copy+draft": "scored copying and the draft model: each step drafted by the one whose expected tokens per "
-                  "second is higher (copying's fitted score, the draft model's measured rate and time)",
-    "suffix": "suffix decoding: frequency-scored draft trees from suffix trees over this request and earlier "
-              "requests' outputs (a cache shared across requests); no draft model",
-}
-PLUGINS = discover(set(METHODS))  # other packages' methods (the specdec.methods entry point, plugins.py)
-METHODS.update({name: f"{method.description} (plug-in)" for name, method in PLUGINS.items()})
+
+@dataclass(frozen=True)
+class Build:
+    """What a method's proposer is built from: build_proposer's arguments, checked."""
+
+    method: str
+    slots: int
+    draft_runner: ModelRunner | None
+    adaptive: bool
+    ngram_max: int
+    ngram_min: int
+    ngram_tie_break: str
+    draft_k: int | None
+    draft_confidence: float | None
+    head: object
+    head_vocabulary: object
+    tree_size: int | str | None
+    tree_topk: int
+    suffix: SuffixOptions | None
+    suffix_cache: SuffixCache | None
+    lookahead: LookaheadOptions | None
+    copy: CopyOptions | None
+
+    def per_row(self, make: Callable[[], Proposer]) -> Proposer | BatchProposer:
+        """One proposer for one slot; RowwiseProposer (one per row) for several."""
+        return make() if self.slots == 1 else RowwiseProposer(make, self.slots)
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    """One method, described once: everything else that names methods (SpecConfig's checks, the CLI's
+    --method and its option groups, the factory, bench's tree grid, replay, the server's per-request
+    choices, the README's table: tests/proposers/test_registry.py) reads it from here.
+
+    options: the SpecConfig option groups it reads ("ngram", "suffix", "copy", "lookahead", "head");
+    default_tree_size: the nodes per step --tree-size sizes (None: it drafts chains); replayable:
+    `specdec replay` drafts it from recorded answers; beside_any: a request may choose it beside any
+    server's method (per_request.py)."""
+
+    name: str
+    description: str
+    build: Callable[[Build], Proposer | BatchProposer | None]
+    needs_draft_model: bool = False
+    head_kind: str | None = None
+    default_tree_size: int | None = None
+    options: tuple[str, ...] = ()
+    replayable: bool = False
+    beside_any: bool = False
+    plugin: bool = False
+
+
+def _ngram(build: Build) -> Proposer | BatchProposer:
+    return build.per_row(lambda: NgramProposer(build.ngram_max, build.ngram_min, build.ngram_tie_break,
+                                               follow_match=build.adaptive))
+
+
+def _suffix(build: Build) -> Proposer | BatchProposer:
+    options = build.suffix or SuffixOptions()
+    cache = build.suffix_cache if build.suffix_cache is not None else options.new_tenant_caches()
+    return build.per_row(lambda: SuffixProposer(cache, options))
+
+
+def _head(build: Build) -> Proposer | BatchProposer:
+    size = (ENTRIES[build.method].default_tree_size or 0) if build.tree_size is None else build.tree_size
+    if size == "auto" and build.slots > 1:
+        raise ValueError("--tree-size auto weighs one request's verification costs; the server verifies many "
+                         "rows in one forward: give it a number (--tree-size N)")
+
+    def make() -> Proposer:
+        return _head_proposer(build.method, build.head, build.head_vocabulary, size, build.tree_topk)
+
+    first = make()  # the clear errors, before copies
+    return first if build.slots == 1 else RowwiseProposer(make, build.slots)
+
+
+def _draft_model(build: Build, confidence: float | None) -> DraftModelProposer:
+    if build.draft_runner is None:
+        raise ValueError(f"method {build.method!r} needs a draft model (--draft)")
+    if getattr(build.draft_runner, "batch_size", 1) != build.slots:
+        raise ValueError(f"the draft model needs one cache row per slot ({build.slots}): a native runner's "
+                         "with_batch_size(slots)")
+    # Beside a copying source the draft reads a shorter window of the prompt (hybrid.py says why).
+    window = CONTEXT_WINDOW if build.method == "draft" else DRAFT_CONTEXT_WINDOW
+    return DraftModelProposer(build.draft_runner, confidence, context_window=window)
+
+
+def _draft(build: Build) -> DraftModelProposer:
+    return _draft_model(build, build.draft_confidence if build.adaptive else None)
+
+
+def _ngram_then_draft(build: Build) -> BatchProposer:
+    draft = _draft_model(build, build.draft_confidence if build.adaptive else None)
+    # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates (hybrid.py).
+    lookup = build.per_row(lambda: NgramProposer(build.ngram_max, build.ngram_min, build.ngram_tie_break))
+    return NgramThenDraftProposer(lookup, draft, build.draft_k)
+
+
+def _copy_then_draft(build: Build) -> BatchProposer:
+    # It sizes its own steps whatever k is: its draft model always stops where unsure.
+    draft = _draft_model(build, DEFAULT_CONFIDENCE if build.draft_confidence is None else build.draft_confidence)
+    return CopyThenDraftProposer(RowwiseProposer(_scored_copy_maker(build.copy), build.slots), draft, build.draft_k)
+
+
+def _shipped() -> dict[str, MethodEntry]:
+    entries = [
+        MethodEntry("autoregressive", "plain decoding of the target, one token per forward (Chen et al. Algorithm 1)",
+                    lambda build: None, beside_any=True),
+        MethodEntry("draft", "a small draft model proposes k tokens, the target verifies them (Chen et al. "
+                    "Algorithm 2)", _draft, needs_draft_model=True, replayable=True),
+        MethodEntry("ngram", "prompt lookup / LLMA: copy what followed the last n tokens earlier in the context; "
+                    "no draft model", _ngram, options=("ngram",), replayable=True, beside_any=True),
+        MethodEntry("ngram+draft", "n-gram lookup first, the draft model when the lookup finds no match",
+                    _ngram_then_draft, needs_draft_model=True, options=("ngram",), replayable=True),
+        MethodEntry("eagle", "an EAGLE head (one layer on the target's own hidden states, trained by `specdec "
+                    "train-head`) drafts a chain of k tokens", _head, head_kind="eagle", options=("head",)),
+        MethodEntry("eagle-tree", "EAGLE-2: the EAGLE head drafts a dynamic tree (--tree-size nodes, depth <= k), "
+                    "verified in one target pass with a tree attention mask", _head, head_kind="eagle",
+                    default_tree_size=10, options=("head",)),
+        MethodEntry("eagle3", "an EAGLE-3 head (reads the target's low, middle and high layers, trained on its own "
+                    "drafts by `specdec train-head --kind eagle3`, or a speculators/vLLM eagle3 directory) drafts a "
+                    "chain of k tokens", _head, head_kind="eagle3", options=("head",)),
+        MethodEntry("eagle3-tree", "the EAGLE-3 head drafts EAGLE-2's dynamic tree, verified in one target pass",
+                    _head, head_kind="eagle3", default_tree_size=10, options=("head",)),
+        MethodEntry("medusa", "Medusa heads on the target's last hidden state draft a static tree (--tree-size "
+                    "nodes; 0 = a chain)", _head, head_kind="medusa", default_tree_size=10, options=("head",)),
+        MethodEntry("lookahead", "lookahead decoding: the target itself guesses n-grams by Jacobi iteration over a "
+                    "window of guesses, in the same forward that verifies earlier ones; no draft model (native "
+                    "backend)", lambda build: build.per_row(lambda: LookaheadProposer(build.lookahead)),
+                    options=("lookahead",)),
+        MethodEntry("copy", "scored copying: every continuation this request and earlier ones offer, each token's "
+                    "acceptance estimated by a fitted score, the candidate and length with the most tokens per "
+                    "second under the machine's measured costs; no draft model",
+                    lambda build: build.per_row(_scored_copy_maker(build.copy)), options=("copy",),
+                    replayable=True, beside_any=True),
+        MethodEntry("copy+draft", "scored copying and the draft model: each step drafted by the one whose expected "
+                    "tokens per second is higher (copying's fitted score, the draft model's measured rate and time)",
+                    _copy_then_draft, needs_draft_model=True, options=("copy",)),
+        MethodEntry("suffix", "suffix decoding: frequency-scored draft trees from suffix trees over this request and "
+                    "earlier requests' outputs (a cache shared across requests); no draft model", _suffix,
+                    options=("suffix",), replayable=True, beside_any=True),
+    ]
+    return {method.name: method for method in entries}
+
+
+ENTRIES = _shipped()
+PLUGINS = discover(set(ENTRIES))  # other packages' methods (the specdec.methods entry point, plugins.py)
+ENTRIES.update({name: MethodEntry(name, f"{plugin.description} (plug-in)",
+                                  lambda build, plugin=plugin: build_plugin(plugin, build.slots, build.draft_runner),
+                                  needs_draft_model=plugin.needs_draft_model, plugin=True)
+                for name, plugin in PLUGINS.items()})
+METHODS = {name: method.description for name, method in ENTRIES.items()}  # name -> its line of --help
 AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads
-_NEEDS_DRAFT_MODEL = {"draft", "ngram+draft", "copy+draft",
-                      *(name for name, method in PLUGINS.items() if method.needs_draft_model)}
-_HEAD_KIND = {"eagle": "eagle", "eagle-tree": "eagle", "eagle3": "eagle3", "eagle3-tree": "eagle3",
-              "medusa": "medusa"}  # method -> trained head it loads
-DEFAULT_TREE_SIZE = {"eagle-tree": 10, "eagle3-tree": 10, "medusa": 10}  # small: on a CPU each verified node costs time
 # Methods a request may choose beside any server's own (per_request.py): they need no model but the
 # target, read none of its features and add no tokens to its forward.
-BESIDE_ANY_METHOD = ("autoregressive", "ngram", "suffix", "copy")
+BESIDE_ANY_METHOD = tuple(name for name, entry in ENTRIES.items() if entry.beside_any)
+DEFAULT_TREE_SIZE = {name: entry.default_tree_size for name, entry in ENTRIES.items()
+                     if entry.default_tree_size is not None}
+TREE_METHODS = tuple(DEFAULT_TREE_SIZE)  # the methods --tree-size sizes
 
 
 def request_methods_beside(method: str) -> tuple[str, ...]:
@@ -62,10 +193,15 @@ def request_methods_beside(method: str) -> tuple[str, ...]:
     return tuple(other for other in BESIDE_ANY_METHOD if other != method)
 
 
+def entry(method: str) -> MethodEntry:
+    """The method's one description (an unknown name: a ValueError listing the known ones)."""
+    check_method(method)
+    return ENTRIES[method]
+
+
 def head_kind(method: str) -> str | None:
     """The kind of trained head a method needs ("eagle", "medusa"), or None."""
-    check_method(method)
-    return _HEAD_KIND.get(method)
+    return entry(method).head_kind
 
 
 def default_method(device_type: str) -> str:
@@ -97,13 +233,18 @@ def resolve_method(method: str, device_type: str) -> str:
 
 
 def check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if method not in ENTRIES:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(ENTRIES)}")
 
 
 def needs_draft_model(method: str) -> bool:
-    check_method(method)
-    return method in _NEEDS_DRAFT_MODEL
+    return entry(method).needs_draft_model
+
+
+def methods_reading(options: str) -> tuple[str, ...]:
+    """The methods that read one of SpecConfig's option groups ("ngram", "suffix", "copy", ...):
+    what the CLI's group for it names."""
+    return tuple(name for name, method in ENTRIES.items() if options in method.options)
 
 
 def check_proposer_options(
@@ -140,8 +281,8 @@ def build_proposer(
     lookahead: LookaheadOptions | None = None,
     copy: CopyOptions | None = None,
 ) -> Proposer | BatchProposer | None:
-    """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's); None means
-    plain decoding: the engine then drafts nothing.
+    """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's), built by the
+    method's entry (ENTRIES); None means plain decoding: the engine then drafts nothing.
 
     A method that keeps state per request (n-gram, suffix, lookahead, the heads) gets one proposer
     per row (RowwiseProposer; suffix decoding's cache and a head's weights are shared by the rows);
@@ -152,52 +293,9 @@ def build_proposer(
     """
     check_proposer_options(method, ngram_max=ngram_max, ngram_min=ngram_min, ngram_tie_break=ngram_tie_break,
                            draft_k=draft_k, draft_confidence=draft_confidence)
-    if method == "autoregressive":
-        return None
-    if method in PLUGINS:
-        return build_plugin(PLUGINS[method], slots, draft_runner)
-
-    def per_row(make: Callable[[], Proposer]) -> Proposer | BatchProposer:
-        return make() if slots == 1 else RowwiseProposer(make, slots)
-
-    def ngram() -> NgramProposer:
-        return NgramProposer(ngram_max, ngram_min, ngram_tie_break, follow_match=adaptive)
-
-    if method == "ngram":
-        return per_row(ngram)
-    if method == "suffix":
-        options = suffix or SuffixOptions()
-        cache = suffix_cache if suffix_cache is not None else options.new_tenant_caches()
-        return per_row(lambda: SuffixProposer(cache, options))
-    if method == "lookahead":
-        return per_row(lambda: LookaheadProposer(lookahead))
-    if method == "copy":
-        return per_row(_scored_copy_maker(copy))
-    if head_kind(method) is not None:
-        size = DEFAULT_TREE_SIZE.get(method, 0) if tree_size is None else tree_size
-        if size == "auto" and slots > 1:
-            raise ValueError("--tree-size auto weighs one request's verification costs; the server verifies many "
-                             "rows in one forward: give it a number (--tree-size N)")
-        first = _head_proposer(method, head, head_vocabulary, size, tree_topk)  # the clear errors, before copies
-        return first if slots == 1 else RowwiseProposer(lambda: _head_proposer(method, head, head_vocabulary, size,
-                                                                               tree_topk), slots)
-    if draft_runner is None:
-        raise ValueError(f"method {method!r} needs a draft model (--draft)")
-    if getattr(draft_runner, "batch_size", 1) != slots:
-        raise ValueError(f"the draft model needs one cache row per slot ({slots}): a native runner's "
-                         "with_batch_size(slots)")
-    # Under ngram+draft the draft reads a shorter window of the prompt (hybrid.py says why).
-    window = CONTEXT_WINDOW if method == "draft" else DRAFT_CONTEXT_WINDOW
-    confidence = draft_confidence if adaptive else None
-    if method == "copy+draft":  # it sizes its own steps whatever k is: its draft model always stops where unsure
-        confidence = DEFAULT_CONFIDENCE if draft_confidence is None else draft_confidence
-    draft = DraftModelProposer(draft_runner, confidence, context_window=window)
-    if method == "draft":
-        return draft
-    if method == "copy+draft":
-        return CopyThenDraftProposer(RowwiseProposer(_scored_copy_maker(copy), slots), draft, draft_k)
-    # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates (hybrid.py).
-    return NgramThenDraftProposer(per_row(lambda: NgramProposer(ngram_max, ngram_min, ngram_tie_break)), draft, draft_k)
+    build = Build(method, slots, draft_runner, adaptive, ngram_max, ngram_min, ngram_tie_break, draft_k,
+                  draft_confidence, head, head_vocabulary, tree_size, tree_topk, suffix, suffix_cache, lookahead, copy)
+    return ENTRIES[method].build(build)
 
 
 def _scored_copy_maker(copy: CopyOptions | None) -> Callable[[], ScoredCopyProposer]:

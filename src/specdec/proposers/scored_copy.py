@@ -36,10 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from specdec.option_fields import flagged, non_negative_int
 from specdec.planning.costs import RecentTimes, cost_ratios, interpolated, tree_cost_ratios
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
@@ -78,16 +80,30 @@ def prior_cost() -> CostFn:
 
 @dataclass(frozen=True)
 class CopyOptions:
-    """--method copy's knobs, checked when built (before any model loads): the scorer file is read."""
+    """--method copy's knobs, checked when built (before any model loads): the scorer file is read.
+    Each field is its own flag."""
 
-    scorer: str | None = None  # a `specdec replay --fit` file; None: the one that ships
-    corpus_tokens: int = DEFAULT_CORPUS_TOKENS  # earlier prompts and answers searched, per tenant (0: none)
-    # A `specdec costs` file: fixed costs, so a seeded sampled run drafts, hence draws, the same every
-    # time. None: the engine's measured costs (draft lengths then follow the machine's timings).
-    costs: str | None = None
-    # Trees of diverging candidates where the cost curve pays (native backend): they pay on a GPU-like
-    # flat curve, barely on a CPU's (benchmarks/RESULTS.md, "Trees of copies: where they pay (issue 60, item 2)").
-    trees: bool = False
+    TITLE: ClassVar[str] = "scored copying"
+    scorer: str | None = flagged(
+        None, "the fitted score it chooses by, as `specdec replay RUN --fit FILE` writes it from your own "
+        "recorded answers (default: the one that ships, fitted on the repository's bench runs)", parse=str,
+        metavar="FILE")
+    corpus_tokens: int = flagged(
+        DEFAULT_CORPUS_TOKENS, "earlier requests' prompts and answers it also copies from, per tenant, newest kept "
+        f"(default: {DEFAULT_CORPUS_TOKENS}; 0 = each request copies from itself only)", parse=non_negative_int,
+        metavar="N")
+    # Fixed costs: a seeded sampled run drafts, hence draws, the same every time.
+    costs: str | None = flagged(
+        None, "choose draft lengths by this `specdec costs` table instead of the engine's measured step times: a "
+        "seeded sampled run then drafts, hence draws, the same every time (a table written with --trees also "
+        "prices --copy-trees' trees)", parse=str, metavar="FILE")
+    # They pay on a GPU-like flat curve, barely on a CPU's (benchmarks/RESULTS.md, "Trees of copies: where they pay
+    # (issue 60, item 2)").
+    trees: bool = flagged(
+        False, "verify a tree of the candidates that diverge after a shared prefix, as large as the cost curve pays "
+        "for (native backend); pays where many tokens verify for about one's cost (a GPU), barely on a CPU "
+        "(benchmarks/RESULTS.md, \"Trees of copies\"); a tree only where it beats the best chain at its own "
+        "measured cost")
 
     def __post_init__(self) -> None:
         _check_corpus_tokens(self.corpus_tokens)

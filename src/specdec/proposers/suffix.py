@@ -39,8 +39,11 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from specdec.option_fields import flagged, non_negative_int, positive_float, positive_int, probability
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 from specdec.proposers.tenants import PerTenant
@@ -56,12 +59,22 @@ DEFAULT_MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
 
 @dataclass(frozen=True)
 class SuffixOptions:
-    """--method suffix's knobs, checked when built (before any model loads)."""
+    """--method suffix's knobs, checked when built (before any model loads); each field is its own flag."""
 
-    cache_requests: int = DEFAULT_CACHE_REQUESTS  # earlier outputs in the global trie (0 = this request only)
-    max_depth: int = DEFAULT_MAX_DEPTH  # the longest substring counted, hence the longest match
-    spec_factor: float = DEFAULT_SPEC_FACTOR  # at most ceil(spec_factor x match length) drafted nodes
-    min_token_prob: float = DEFAULT_MIN_TOKEN_PROB  # no node whose estimated probability is lower
+    TITLE: ClassVar[str] = "suffix decoding"
+    cache_requests: int = flagged(
+        DEFAULT_CACHE_REQUESTS, "earlier requests whose outputs the shared suffix cache keeps, oldest evicted "
+        f"first (default: {DEFAULT_CACHE_REQUESTS}; 0 = each request drafts from itself only). Memory: about 1 KB "
+        "per cached token (25 MB for 100 answers of 256 tokens)", parse=non_negative_int, metavar="N")
+    max_depth: int = flagged(DEFAULT_MAX_DEPTH, "longest substring counted, hence the longest suffix matched "
+                             f"(default: {DEFAULT_MAX_DEPTH}, vLLM's)", parse=positive_int, metavar="D")
+    spec_factor: float = flagged(
+        DEFAULT_SPEC_FACTOR, "draft at most ceil(F x the matched suffix's length) tokens, and at most k "
+        f"(default: {DEFAULT_SPEC_FACTOR}, vLLM's): long matches earn long drafts", parse=positive_float, metavar="F")
+    min_token_prob: float = flagged(
+        DEFAULT_MIN_TOKEN_PROB, "draft no token whose estimated probability (the product of its path's "
+        f"continuation frequencies) is below P (default: {DEFAULT_MIN_TOKEN_PROB}, vLLM's)", parse=probability,
+        metavar="P", name="min-prob")
 
     def __post_init__(self) -> None:
         for name, low in (("cache_requests", 0), ("max_depth", 2)):
