@@ -114,15 +114,17 @@ def test_draft_with_another_tokenizer_is_refused(qwen_pair):
 @pytest.mark.parametrize("method,k,prefill_chunk,prompts", [("draft", 4, None, WITH_LONG_PROMPT),
                                                             ("ngram", 4, None, SHORT_PROMPTS),
                                                             ("suffix", 4, None, SHORT_PROMPTS),
-                                                            ("ngram+draft", "auto", 96, WITH_LONG_PROMPT)],
-                         ids=["draft", "ngram", "suffix", "ngram+draft-chunked-auto-k"])
+                                                            ("ngram+draft", "auto", 96, WITH_LONG_PROMPT),
+                                                            ("copy", "auto", None, SHORT_PROMPTS)],
+                         ids=["draft", "ngram", "suffix", "ngram+draft-chunked-auto-k", "copy-auto-k"])
 def test_real_pair_batched_engine_equals_each_request_alone(qwen_pair, plain_references, method, k, prefill_chunk,
                                                             prompts):
     """The requests decoded side by side in one batched engine (ragged lengths, the long prompt
     among them where the draft model's rows grow with it): each one's output is its plain greedy
     output alone. The last case is the server's other paths on the real quantized kernels: prompts
     prefilled 96 tokens per step (chunked prefill, while other rows decode) and the step's k chosen
-    by -k auto (engine/adaptive.py)."""
+    by -k auto (engine/adaptive.py); copy, the server's default on a CPU, chooses one width for the
+    batch's forward (scored_copy.ScoredCopyRows)."""
     from specdec.engine.batch import BatchEngine
     from specdec.proposers.registry import build_proposer
 

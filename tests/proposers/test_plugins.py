@@ -1,6 +1,6 @@
 """A method from another package, installed through the `specdec.methods` entry point, runs where a
 shipped method does: specdec.load, `specdec generate`, `specdec serve` (with the official openai
-client); greedy output is plain output. The toy lives in tests/proposers/plugin_toy and is made
+client), `specdec bench`, `verify` and `replay`; greedy output is plain output. The toy lives in tests/proposers/plugin_toy and is made
 installed by a dist-info folder on PYTHONPATH, as pip would leave it."""
 
 from __future__ import annotations
@@ -96,6 +96,29 @@ def test_serve_runs_the_plugin_and_answers_a_real_client(installed):
     assert reply.choices[0].text == plain.text
     assert reply.model_extra["speculative"]["method"] == "repeat-last"
     assert reply.model_extra["speculative"]["drafted_tokens"] > 0
+
+
+def test_bench_verify_and_replay_run_the_plugin(installed, tmp_path):
+    """`specdec bench` measures it beside plain decoding (greedy output identical), `specdec verify`
+    passes it, and `specdec replay` drafts it from the bench run's recorded answers."""
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "run"
+    prompts.write_text(json.dumps({"question_id": "copy", "category": "copy", "turns": [PROMPT]}) + "\n")
+    target = installed["target"]
+    shared = f'"--target", {target!r}, "--device", "cpu"'
+    printed = python(installed, f'''
+from specdec.cli import main
+codes = [main(["bench", {shared}, "--prompts", {str(prompts)!r}, "--methods", "repeat-last", "--k", "3",
+               "--max-new-tokens", "24", "--out", {str(out)!r}, "--quiet", "--no-plots"]),
+         main(["verify", {shared}, "--method", "repeat-last", "-k", "3", "--samples", "200", "--temperature", "0.8",
+               "--prompt", "the cat sat", "--greedy-prompts", "1"]),
+         main(["replay", {str(out)!r}, "--methods", "repeat-last", "--k", "3"])]
+print("CODES", codes)
+''')
+    assert "CODES [0, 0, 0]" in printed, printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["greedy_equality"] and all(cell["identical"] == cell["total"] == 1
+                                             for cell in report["greedy_equality"].values())
+    assert "PASSED" in printed and "| repeat-last | 3 |" in printed  # verify's verdict; replay's row
 
 
 def _healthy(port: int) -> bool:

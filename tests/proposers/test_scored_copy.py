@@ -12,7 +12,7 @@ import torch
 from conftest import make_model, make_native
 from specdec.engine import SpecEngine
 from specdec.proposers.base import ProposeContext
-from specdec.proposers.copy_candidates import (HAZARD_FEATURES, LogisticScorer, choose_draft, hazard_rows,
+from specdec.proposers.copy_candidates import (HAZARD_FEATURES, LogisticScorer, best_by_length, choose_draft, hazard_rows,
                                                step_candidates)
 from specdec.proposers.registry import build_proposer
 from specdec.proposers.scored_copy import (CopyCorpus, CopyOptions, ScoredCopyProposer, StepCosts, TenantCopyCorpora,
@@ -56,18 +56,47 @@ def test_choose_draft_is_the_best_rate_over_every_candidate_and_length():
         x, candidate, depth = hazard_rows(step, 6)
         hazard = rng.random(len(x))
         best = (-1, 0, 1 / cost(1))
+        by_length = np.zeros(7)  # the most expected accepted at each length (a shorter candidate: all of it)
         for c in range(len(step)):
             survive, expected = 1.0, 0.0
             for row in np.flatnonzero(candidate == c):
                 survive *= hazard[row]
                 expected += survive
+                by_length[depth[row]:] = np.maximum(by_length[depth[row]:], expected)
                 rate = (1 + expected) / cost(1 + depth[row])
                 if rate > best[2]:
                     best = (c, int(depth[row]), rate)
         chosen = choose_draft(step, hazard, cost, 6)
         assert chosen[:2] == best[:2]
+        expected, which = best_by_length(step, hazard, 6)
+        np.testing.assert_allclose(expected, by_length)
+        assert which[0] == -1 and all(0 <= c < len(step) for c in which[1:])
         checked += 1
     assert checked > 30
+
+
+def test_a_batch_chooses_the_width_with_the_most_tokens_per_forward_cost(tokenizer):
+    """ScoredCopyRows: the batch's forward is rows x width wide, so the rows choose one width W,
+    maximising (B + sum of each row's best E(W - 1)) / cost(B x W); alone, a row drafts deeper."""
+    from specdec.proposers.scored_copy import ScoredCopyRows
+
+    costs = StepCosts(lambda n: 1 + 0.1 * (n - 1), measured=False)
+    copying = torch.tensor([[5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 8, 9, 1, 2, 5, 6]])
+    fresh = torch.tensor([[3, 4, 10, 11, 12, 13]])  # nothing to copy
+    greedy = SamplingParams(temperature=0)
+    make = lambda: ScoredCopyProposer(constant(0.9), CopyCorpus(0), costs)
+    alone = make().propose(ProposeContext(copying, greedy, None, 64), 8)
+    expected = [0.0] + [sum(0.9 ** i for i in range(1, d + 1)) for d in range(1, 9)]
+    for rows, contexts in ((4, [copying] * 4), (4, [copying, fresh, fresh, fresh])):
+        copies = sum(context is copying for context in contexts)
+        rates = {w: (rows + copies * expected[min(w - 1, 7)]) / costs.cost(rows * w) for w in range(1, 10)}
+        width = max(rates, key=lambda w: (rates[w], -w))
+        batch = ScoredCopyRows(make, rows).propose([ProposeContext(c, greedy, None, 64) for c in contexts], [8] * rows)
+        drafted = batch.num_tokens.tolist()
+        assert drafted == [width - 1 if c is copying else 0 for c in contexts], (drafted, width)
+        assert width - 1 < int(alone.num_tokens[0])
+    one = ScoredCopyRows(make, 1).propose([ProposeContext(copying, greedy, None, 64)], [8])
+    assert one.token_ids.tolist() == alone.token_ids.tolist()
 
 
 def test_step_costs_follow_the_measured_times_once_two_sizes_are_seen():

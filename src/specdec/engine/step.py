@@ -250,9 +250,13 @@ def prefill(target, row: Row, start: int, count: int, cache_row: int, features: 
 def record_step_costs(proposer: BatchProposer | None, result: StepResult) -> None:
     """What a one-row step's verification cost, for the proposer that sizes drafts by it: scored
     copying's step_costs (proposers/scored_copy.py), and --tree-size auto's budget, which also learns
-    how many of the tree's nodes were accepted (proposers/tree_budget.py). Steps of several rows are
-    not recorded: their cost is the whole batch's."""
-    if proposer is None or len(result.drafted) != 1:
+    how many of the tree's nodes were accepted (proposers/tree_budget.py). A step of several rows is
+    recorded apart, by its forward's tokens (StepCosts.record_batch: what a batch's width costs)."""
+    if proposer is None:
+        return
+    if len(result.drafted) != 1:
+        if proposer.step_costs is not None:
+            proposer.step_costs.record_batch(result.forward_tokens, result.verify_s)
         return
     if proposer.step_costs is not None:
         proposer.step_costs.record(result.forward_tokens, result.verify_s, tree=result.trees[0] is not None)

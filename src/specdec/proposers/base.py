@@ -137,7 +137,7 @@ class Proposer:
     # costs the engine records into step_costs (engine/step.py: record_step_costs): under -k auto the
     # engine then asks it for the whole k, and the controller does not choose a length on top.
     sizes_own_drafts: bool = False
-    step_costs = None  # a StepCosts with record(tokens, seconds, tree), or None: the engine records nothing
+    step_costs = None  # a StepCosts (record, record_batch), or None: the engine records nothing
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         """Guess the next tokens of one request.

@@ -261,6 +261,25 @@ def choose_draft(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int)
     return candidate, drafted + 1, float(expected[candidate, drafted])
 
 
+def best_by_length(step: StepCandidates, hazard: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(expected [k + 1], candidate [k + 1]): for each length d = 0..k the most accepted tokens any
+    candidate is expected to bring when drafted d deep (a shorter one: its whole length), and which
+    candidate (the first of equals; -1 at d = 0). For rows verified in one forward of a common width
+    (scored_copy.ScoredCopyRows): a row drafts as deep as the width, its padding computed anyway."""
+    n, width = len(step), min(k, step.tokens.shape[1])
+    depth = np.arange(1, width + 1)
+    valid = depth[None, :] <= step.lengths[:, None]
+    grid = np.zeros((n, width))
+    grid[valid] = hazard
+    expected = np.cumsum(np.cumprod(grid, axis=1), axis=1)  # [n, width]: E_d, flat past a candidate's length
+    best = np.zeros(k + 1)
+    candidate = np.full(k + 1, -1)
+    candidate[1:width + 1] = np.argmax(expected, axis=0)
+    best[1:width + 1] = expected[candidate[1:width + 1], np.arange(width)]
+    best[width + 1:], candidate[width + 1:] = best[width], candidate[width]
+    return best, candidate
+
+
 def choose_tree(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int,
                 max_nodes: int = 64) -> tuple[list[int], list[int], float]:
     """(tokens, parents, expected accepted): a tree of copies, when candidates diverge after a shared

@@ -20,7 +20,7 @@ from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftPropose
 from specdec.proposers.lookahead import LookaheadOptions, LookaheadProposer
 from specdec.proposers.ngram import NgramProposer, check_ngram_args
 from specdec.proposers.plugins import build_plugin, discover
-from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer, load_scorer
+from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer, ScoredCopyRows, load_scorer
 from specdec.proposers.suffix import SuffixCache, SuffixOptions, SuffixProposer
 
 
@@ -126,6 +126,11 @@ def _copy_then_draft(build: Build) -> BatchProposer:
     return CopyThenDraftProposer(RowwiseProposer(_scored_copy_maker(build.copy), build.slots), draft, build.draft_k)
 
 
+def _copy(build: Build) -> Proposer | BatchProposer:
+    make = _scored_copy_maker(build.copy)
+    return make() if build.slots == 1 else ScoredCopyRows(make, build.slots)
+
+
 def _shipped() -> dict[str, MethodEntry]:
     entries = [
         MethodEntry("autoregressive", "plain decoding of the target, one token per forward (Chen et al. Algorithm 1)",
@@ -155,7 +160,7 @@ def _shipped() -> dict[str, MethodEntry]:
         MethodEntry("copy", "scored copying: every continuation this request and earlier ones offer, each token's "
                     "acceptance estimated by a fitted score, the candidate and length with the most tokens per "
                     "second under the machine's measured costs; no draft model",
-                    lambda build: build.per_row(_scored_copy_maker(build.copy)), options=("copy",),
+                    _copy, options=("copy",),
                     replayable=True, beside_any=True),
         MethodEntry("copy+draft", "scored copying and the draft model: each step drafted by the one whose expected "
                     "tokens per second is higher (copying's fitted score, the draft model's measured rate and time)",
@@ -171,7 +176,8 @@ ENTRIES = _shipped()
 PLUGINS = discover(set(ENTRIES))  # other packages' methods (the specdec.methods entry point, plugins.py)
 ENTRIES.update({name: MethodEntry(name, f"{plugin.description} (plug-in)",
                                   lambda build, plugin=plugin: build_plugin(plugin, build.slots, build.draft_runner),
-                                  needs_draft_model=plugin.needs_draft_model, plugin=True)
+                                  needs_draft_model=plugin.needs_draft_model, plugin=True,
+                                  replayable=not plugin.needs_draft_model)
                 for name, plugin in PLUGINS.items()})
 METHODS = {name: method.description for name, method in ENTRIES.items()}  # name -> its line of --help
 AUTO_METHOD = "auto"  # --method's default: resolved per device by default_method() before anything loads

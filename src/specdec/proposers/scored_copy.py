@@ -28,6 +28,7 @@ not second-guess the length.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import statistics
@@ -44,8 +45,10 @@ import torch
 from specdec.option_fields import flagged, non_negative_int
 from specdec.planning.costs import RecentTimes, cost_ratios, interpolated, tree_cost_ratios
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
+from specdec.proposers.batched import RowwiseProposer, pad_proposals
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
-                                               choose_draft, choose_tree, hazard_rows, sigmoid, step_candidates)
+                                               StepCandidates, best_by_length, choose_draft, choose_tree,
+                                               hazard_rows, sigmoid, step_candidates)
 from specdec.proposers.tenants import PerTenant
 
 # Earlier prompts and answers searched per tenant: every step scans them (its time: benchmarks/RESULTS.md,
@@ -140,6 +143,7 @@ class StepCosts:
         self.tree_prior = tree_prior
         self.times = RecentTimes(window)
         self.tree_times = RecentTimes(window)
+        self.batch_times = RecentTimes(window)  # steps of several rows, by the forward's tokens
         self.measured = measured
         self._one_token: deque[float] = deque(maxlen=window)  # 1-token steps' seconds, kept even for a fixed table
         self._curves: tuple[CostFn, CostFn | None] | None = (self.prior, tree_prior)  # rebuilt after a record
@@ -153,6 +157,20 @@ class StepCosts:
 
     def cost(self, tokens: int) -> float:
         return self._current()[0](tokens)
+
+    def record_batch(self, tokens: int, seconds: float) -> None:
+        """A step of several rows: its forward's tokens (rows x width) and its time."""
+        if self.measured:
+            self.batch_times.add(tokens, seconds)
+
+    def batch_cost(self) -> CostFn:
+        """The cost of a several-row forward by its tokens, in any one unit (a batch compares widths
+        of the same rows): its measured times once two sizes were seen, else the chain curve. A
+        batch's forward reads every row's context, so it costs more than one row's of as many tokens."""
+        if len({x for x, _ in self.batch_times.samples}) >= 2:
+            seconds = self.batch_times.predictor()
+            return lambda tokens: max(seconds(tokens), 1e-9)
+        return self.cost
 
     def step_seconds(self) -> float | None:
         """A 1-token step's time on this machine (the median of the recent ones), None before one was
@@ -298,6 +316,71 @@ class CopyPlan:
     judged: np.ndarray | None
 
 
+class ScoredCopyRows(RowwiseProposer):
+    """Scored copying for a server's rows, choosing one width for the batch's forward.
+
+    The batched step's forward is rectangular: every row is verified B x W tokens wide, W the widest
+    row's drafts + 1 (engine/step.py), so a row's padding is computed anyway and one row's long guess
+    lengthens every row. A row alone weighs (1 + E_d) / cost(1 + d); the rows together choose the W
+    with the most expected tokens per unit of the batch's forward cost,
+
+        (B + sum_b E_b(W - 1)) / cost_batch(B x W),
+
+    E_b(d) the most a copy of d tokens of row b is expected to have accepted (best_by_length; a row's
+    cap bounds its d), and each row then drafts its best copy of up to W - 1 tokens. The batch's cost
+    is measured on its own steps (StepCosts.batch_cost). A seeded sampled row drafts what it would
+    alone (its draws must not depend on its neighbours), and the width is at least its forward."""
+
+    def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
+        device, batch = contexts[0].token_ids.device, len(contexts)
+        offers = [self.rows[b].by_length(ctx, max_k) if max_k >= 1 else None
+                  for b, (ctx, max_k) in enumerate(zip(contexts, max_ks))]
+        least = max((offer.least_width for offer in offers if offer is not None), default=1)
+        cost = self.step_costs.batch_cost() if self.step_costs is not None else (lambda tokens: float(tokens))
+        width, best = 1, -1.0
+        for candidate in range(least, max(max_ks, default=0) + 2):
+            gain = batch + sum(offer.expected[min(candidate - 1, len(offer.expected) - 1)]
+                               for offer in offers if offer is not None)
+            rate = gain / cost(batch * candidate)
+            if rate > best:  # ties: the narrower forward
+                width, best = candidate, rate
+        proposals = []
+        for b, offer in enumerate(offers):
+            self._proposed[b] = offer is not None
+            proposals.append(DraftProposal.empty(1, device) if offer is None else
+                             self.rows[b].take(offer.plan(min(width - 1, len(offer.expected) - 1))))
+        return pad_proposals(proposals, contexts[0].vocab_size, device)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Every candidate at one step with the scorer's view of it (ScoredCopyProposer._scored).
+
+    cost: the curve this row's choice prices by; fixed: a seeded sampled request, which drafts by
+    fixed rules (its own text, the fixed cost curve): which tokens are drafted decides which random
+    numbers the verification draws, and earlier requests and measured times change between calls, so
+    its seed could not reproduce its answer otherwise. step None: nothing can be copied; else logits
+    and hazard per hazard_rows row, and each row's candidate."""
+
+    cost: CostFn
+    fixed: bool
+    device: torch.device
+    step: StepCandidates | None = None
+    logits: np.ndarray | None = None
+    hazard: np.ndarray | None = None
+    candidate_of_row: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class LengthOffer:
+    """A row's best copy at every draft length d = 0..max_k (ScoredCopyRows): expected[d] accepted
+    tokens, plan(d) its CopyPlan; least_width: the forward it needs at least (a seeded row's own)."""
+
+    expected: np.ndarray
+    plan: object  # Callable[[int], CopyPlan]
+    least_width: int = 1
+
+
 class ScoredCopyProposer(Proposer):
     """Scored copying as a Proposer (one request at a time).
 
@@ -348,43 +431,75 @@ class ScoredCopyProposer(Proposer):
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         return self.take(self.plan(ctx, max_k))
 
-    def plan(self, ctx: ProposeContext, max_k: int) -> CopyPlan:
-        """What copying would draft this step and the tokens per unit of step time it expects: the
-        choice, not yet made (copy+draft weighs it against the draft model's). Follow it with
-        take(plan), or with skip() where another source drafts the step."""
-        device = ctx.token_ids.device
+    def _scored(self, ctx: ProposeContext, max_k: int) -> Scored:
+        """Every candidate at this step, scored (Scored.step None where nothing can be copied)."""
         self._catch_up(ctx.token_ids)
-        # A seeded sampled request drafts by fixed rules (its own text, the fixed cost curve): which
-        # tokens are drafted decides which random numbers the verification draws, and earlier requests
-        # and measured times change between calls, so its seed could not reproduce its answer otherwise.
         fixed = ctx.params.seed is not None and not ctx.params.greedy
-        cost = self.step_costs.prior if fixed else self.step_costs.cost
-        nothing = CopyPlan(DraftProposal.empty(1, device), 1.0 / cost(1), None)
+        scored = Scored(self.step_costs.prior if fixed else self.step_costs.cost, fixed, ctx.token_ids.device)
         if max_k < 1 or self._length < 2:
-            return nothing
+            return scored
         context = self._tokens[:self._length]
         earlier, earlier_source = (None, None) if fixed else self.corpus.joined()
         step = step_candidates(self._length - self._prompt_len, context, self._prompt_len, earlier, earlier_source,
                                max_k, self.depth, self.most)
         if step is None:
-            return nothing
-        x, rows_candidate, _ = hazard_rows(step, max_k)
+            return scored
+        x, candidate_of_row, _ = hazard_rows(step, max_k)
         logits = self.scorer.logit(x)
         offset = self.calibration.offset if self.calibration is not None else 0.0
-        hazard = sigmoid(logits + offset)
-        candidate, drafted, in_chain = choose_draft(step, hazard, cost, max_k)
+        return dataclasses.replace(scored, step=step, logits=logits, hazard=sigmoid(logits + offset),
+                                   candidate_of_row=candidate_of_row)
+
+    def by_length(self, ctx: ProposeContext, max_k: int) -> LengthOffer:
+        """This row's best copy at every length, for ScoredCopyRows (a seeded row: its own plan at any)."""
+        scored = self._scored(ctx, max_k)
+        if scored.fixed or scored.step is None:
+            plan = self._choose(scored, max_k)
+            drafted = int(plan.proposal.num_tokens[0])
+            expected = plan.rate * scored.cost(1 + drafted) - 1.0
+            return LengthOffer(np.full(max_k + 1, expected), lambda d: plan, 1 + drafted)
+        expected, candidates = best_by_length(scored.step, scored.hazard, max_k)
+
+        def plan(d: int) -> CopyPlan:
+            if d < 1:
+                return CopyPlan(DraftProposal.empty(1, scored.device), 1.0 / scored.cost(1), None)
+            chosen = int(candidates[d])
+            drafted = int(min(scored.step.lengths[chosen], d))
+            return self._chain(scored, chosen, drafted, (1 + expected[d]) / scored.cost(1 + drafted))
+
+        return LengthOffer(expected, plan)
+
+    def plan(self, ctx: ProposeContext, max_k: int) -> CopyPlan:
+        """What copying would draft this step and the tokens per unit of step time it expects: the
+        choice, not yet made (copy+draft weighs it against the draft model's). Follow it with
+        take(plan), or with skip() where another source drafts the step."""
+        return self._choose(self._scored(ctx, max_k), max_k)
+
+    def _choose(self, scored: Scored, max_k: int) -> CopyPlan:
+        """The candidate and length of the best rate in a step of this row's own (or no draft)."""
+        step, cost = scored.step, scored.cost
+        nothing = CopyPlan(DraftProposal.empty(1, scored.device), 1.0 / cost(1), None)
+        if step is None:
+            return nothing
+        candidate, drafted, in_chain = choose_draft(step, scored.hazard, cost, max_k)
         if not drafted:
             return nothing
-        judged = logits[rows_candidate == candidate][:drafted]  # a tree's: judged along this best chain, its main path
-        chain_rate = (1 + in_chain) / cost(1 + drafted)
-        if self.trees and self.step_costs.chains_known and not fixed:  # a tree where it beats the best chain at its price
-            tokens, parents, in_tree = choose_tree(step, hazard, self.step_costs.tree_cost, max_k)
+        chain = self._chain(scored, candidate, drafted, (1 + in_chain) / cost(1 + drafted))
+        if self.trees and self.step_costs.chains_known and not scored.fixed:  # a tree where it beats the chain
+            tokens, parents, in_tree = choose_tree(step, scored.hazard, self.step_costs.tree_cost, max_k)
             tree = chain_or_tree(parents) if tokens else None
             tree_rate = (1 + in_tree) / self.step_costs.tree_cost(1 + len(tokens)) if tree is not None else 0.0
-            if tree_rate > chain_rate:
-                return CopyPlan(DraftProposal.of_row(tokens, tree, device), tree_rate, judged)
-        chain = step.tokens[candidate, :drafted].tolist()
-        return CopyPlan(DraftProposal.of_row(chain, None, device), chain_rate, judged)  # a point-mass chain
+            if tree_rate > chain.rate:  # the calibration judges a tree along the best chain, its main path
+                return CopyPlan(DraftProposal.of_row(tokens, tree, scored.device), tree_rate, chain.judged)
+        return chain
+
+    @staticmethod
+    def _chain(scored: Scored, candidate: int, drafted: int, rate: float) -> CopyPlan:
+        """A point-mass chain, the candidate's first `drafted` tokens, with the scorer's logits of them
+        (what the calibration judges)."""
+        chain = scored.step.tokens[candidate, :drafted].tolist()
+        judged = scored.logits[scored.candidate_of_row == candidate][:drafted]
+        return CopyPlan(DraftProposal.of_row(chain, None, scored.device), rate, judged)
 
     def take(self, plan: CopyPlan) -> DraftProposal:
         """Draft what plan holds (the calibration then learns from its verification)."""
