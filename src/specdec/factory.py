@@ -17,7 +17,7 @@ from specdec.engine import SpecEngine
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer
 from specdec.proposers.per_request import PerRequestMethods
-from specdec.proposers.registry import build_proposer, check_proposer_options, request_methods_beside
+from specdec.proposers.registry import build_proposer, check_proposer_options, check_request_methods
 
 Log = Callable[[str], None]
 
@@ -101,7 +101,7 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, hea
     """The batched engine's proposer (engine/batch.py; the server): draft_runner is a native
     runner with one cache row per slot; head: (LoadedHead, FrozenVocabulary) from load_head,
     for a head method. None: plain decoding. request_methods: other methods a request may choose
-    (registry.request_methods_beside): then a PerRequestMethods over the config's method and them,
+    (registry.check_request_methods): then a PerRequestMethods over the config's method and them,
     each built when a request first names it."""
     loaded, vocabulary = head if head is not None else (None, None)
 
@@ -113,11 +113,7 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, hea
 
     if not request_methods:
         return build(config.method)
-    allowed = request_methods_beside(config.method)
-    refused = [method for method in request_methods if method not in allowed and method != config.method]
-    if refused:
-        raise ValueError(f"a request cannot choose {', '.join(refused)} beside {config.method}; "
-                         f"it may choose: {', '.join(allowed) or 'nothing (this method runs alone)'}")
+    check_request_methods(config.method, request_methods)
     builders = {method: (lambda method=method: build(method)) for method in (config.method, *request_methods)}
     return PerRequestMethods(config.method, builders, slots)
 

@@ -135,20 +135,16 @@ def spec_max_batch_of(text: str, device_type: str) -> int | None:
 
 def request_methods_of(text: str, method: str) -> tuple[str, ...] | None:
     """--request-methods -> build_server's request_methods (None: auto), checked before any model loads."""
-    from specdec.proposers.registry import check_method, request_methods_beside
+    from specdec.proposers.registry import check_request_methods
 
     if text == "auto":
         return None
     if text == "none":
         return ()
-    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
-    allowed = request_methods_beside(method)
-    for name in chosen:
-        check_method(name)
-        if name not in allowed and name != method:
-            raise ValueError(f"--request-methods: {name} cannot run beside --method {method}; "
-                             f"choose among: {', '.join(allowed) or 'none (this method runs alone)'}")
-    return chosen
+    try:
+        return check_request_methods(method, [name.strip() for name in text.split(",") if name.strip()])
+    except ValueError as error:
+        raise ValueError(f"--request-methods: {error}") from None
 
 
 def limits_of(args):

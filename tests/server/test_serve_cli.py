@@ -83,7 +83,7 @@ def test_serve_starts_answers_and_stops_on_ctrl_c(model_dirs):
     (["--max-queue", "-1"], "--max-queue must be >= 0"),
     (["--port", "70000"], "--port must be in 0..65535"),
     (["--spec-max-batch", "0"], "--spec-max-batch must be auto or an integer >= 1"),
-    (["--request-methods", "ngram,eagle"], "--request-methods: eagle cannot run beside --method copy"),
+    (["--request-methods", "ngram,eagle"], "--request-methods: a request cannot choose eagle beside copy"),
     (["--request-methods", "nosuch"], "unknown method 'nosuch'"),
 ])
 def test_bad_serve_options_are_one_line_before_any_model_loads(capsys, argv, message):

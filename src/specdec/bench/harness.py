@@ -45,8 +45,6 @@ class MethodSpec:
         return label if self.lenience == 1.0 else f"{label} l={self.lenience:g}"
 
 
-
-
 def method_grid(methods: list[str], ks: list[int | str], leniences: list[float] = (1.0,),
                 tree_sizes: list[int | str | None] = (None,)) -> list[MethodSpec]:
     """autoregressive once (always, first: it is the baseline), every other method at every k and lenience,

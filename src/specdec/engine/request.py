@@ -312,7 +312,7 @@ PLAIN_METHOD = "autoregressive"  # a request naming it decodes plainly (its k is
 
 @dataclass(frozen=True)
 class Speculation:
-    """What one request asks of speculation (the OpenAI body's `speculative` object; docs/serving.md).
+    """What one request asks of speculation (the OpenAI body's `speculative` object; docs/server.md).
 
     method: one the engine has loaded (BatchEngine.request_methods), None: the engine's own;
     k: drafted tokens per step, an int >= 0 (0: plain decoding), "auto" (-k auto's controller

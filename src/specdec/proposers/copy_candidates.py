@@ -241,18 +241,26 @@ class LogisticScorer:
         return cls.from_json(text, str(path))
 
 
+def survival(step: StepCandidates, hazard: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(valid [n, w], survive [n, w]), w = min(k, the longest offer): whether candidate c offers a
+    depth-i token, and the chance its first i tokens are all accepted, prod_{l<=i} h_l (flat past its
+    length). hazard: the scorer's probability for each of hazard_rows(step, k)'s rows."""
+    n, width = len(step), min(k, step.tokens.shape[1])
+    valid = np.arange(1, width + 1)[None, :] <= step.lengths[:, None]
+    grid = np.zeros((n, width))
+    grid[valid] = hazard
+    return valid, np.cumprod(grid, axis=1)
+
+
 def choose_draft(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int) -> tuple[int, int, float]:
     """(candidate, tokens to draft, expected accepted) with the most expected tokens per unit of
     cost, (1 + E_d) / cost(1 + d), against no draft's 1 / cost(1): (-1, 0, 0.0). hazard: the
     scorer's probability for each of hazard_rows(step, k)'s rows. Ties go to the earlier candidate
     (the longer match, the more recent) and the shorter draft."""
-    n, width = len(step), min(k, step.tokens.shape[1])
-    depth = np.arange(1, width + 1)
-    valid = depth[None, :] <= step.lengths[:, None]
-    grid = np.zeros((n, width))
-    grid[valid] = hazard
-    expected = np.cumsum(np.cumprod(grid, axis=1), axis=1)  # [n, width]: E_d
-    costs = np.array([cost(1 + d) for d in depth])
+    valid, survive = survival(step, hazard, k)
+    width = valid.shape[1]
+    expected = np.cumsum(survive, axis=1)  # [n, width]: E_d
+    costs = np.array([cost(1 + d) for d in range(1, width + 1)])
     rate = np.where(valid, (1.0 + expected) / costs[None, :], -np.inf)
     best = int(np.argmax(rate))  # the first maximum, row-major
     candidate, drafted = divmod(best, width)
@@ -266,12 +274,9 @@ def best_by_length(step: StepCandidates, hazard: np.ndarray, k: int) -> tuple[np
     candidate is expected to bring when drafted d deep (a shorter one: its whole length), and which
     candidate (the first of equals; -1 at d = 0). For rows verified in one forward of a common width
     (scored_copy.ScoredCopyRows): a row drafts as deep as the width, its padding computed anyway."""
-    n, width = len(step), min(k, step.tokens.shape[1])
-    depth = np.arange(1, width + 1)
-    valid = depth[None, :] <= step.lengths[:, None]
-    grid = np.zeros((n, width))
-    grid[valid] = hazard
-    expected = np.cumsum(np.cumprod(grid, axis=1), axis=1)  # [n, width]: E_d, flat past a candidate's length
+    valid, survive = survival(step, hazard, k)
+    width = valid.shape[1]
+    expected = np.cumsum(survive, axis=1)  # [n, width]: E_d, flat past a candidate's length
     best = np.zeros(k + 1)
     candidate = np.full(k + 1, -1)
     candidate[1:width + 1] = np.argmax(expected, axis=0)
@@ -289,12 +294,8 @@ def choose_tree(step: StepCandidates, hazard: np.ndarray, cost: CostFn, k: int,
     2406.16858), nodes are taken best first (parents before children), and the tree's size N is the
     one maximising (1 + sum of the first N nodes' chances) / cost(1 + N), N = 0 (no draft) included:
     a branch joins only where the machine's cost curve pays for it. parents: -1 = the root."""
-    n, width = len(step), min(k, step.tokens.shape[1])
-    depth = np.arange(1, width + 1)
-    valid = depth[None, :] <= step.lengths[:, None]
-    grid = np.zeros((n, width))
-    grid[valid] = hazard
-    survive = np.cumprod(grid, axis=1)
+    valid, survive = survival(step, hazard, k)
+    n, width = valid.shape
     chance: dict[tuple[int, ...], float] = {}
     for c in range(n):
         row = step.tokens[c].tolist()

@@ -1,4 +1,4 @@
-"""Each request's own method in one batch: the OpenAI body's `speculative` object (docs/serving.md).
+"""Each request's own method in one batch: the OpenAI body's `speculative` object (docs/server.md).
 
 A server loads one method with what it needs (a draft model, a head) and, beside it, the methods
 that need nothing but the target (registry.BESIDE_ANY_METHOD: plain decoding, n-gram lookup,

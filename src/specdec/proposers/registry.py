@@ -8,7 +8,7 @@ know them alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specdec.models.runner import ModelRunner
@@ -197,6 +197,19 @@ def request_methods_beside(method: str) -> tuple[str, ...]:
     if head_kind(method) is not None or method == "lookahead":
         return ()
     return tuple(other for other in BESIDE_ANY_METHOD if other != method)
+
+
+def check_request_methods(method: str, requested: Sequence[str]) -> tuple[str, ...]:
+    """The methods a request may choose on a server running `method`, as asked: each a known method,
+    and `method` itself or one request_methods_beside allows (else a ValueError naming those)."""
+    allowed = request_methods_beside(method)
+    for name in requested:
+        check_method(name)
+    refused = [name for name in requested if name not in allowed and name != method]
+    if refused:
+        raise ValueError(f"a request cannot choose {', '.join(refused)} beside {method}; "
+                         f"it may choose: {', '.join(allowed) or 'nothing (this method runs alone)'}")
+    return tuple(requested)
 
 
 def entry(method: str) -> MethodEntry:

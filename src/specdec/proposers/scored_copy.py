@@ -309,11 +309,13 @@ class CopyPlan:
 
     proposal: the one-row draft (empty: none); rate: its expected tokens per unit of step time,
     (1 + expected accepted) / cost(forward), 1 / cost(1) for no draft; judged: the scorer's logits
-    of the tokens the calibration will judge, None where nothing is drafted."""
+    of the tokens the calibration will judge, None where nothing is drafted; expected: the drafted
+    tokens expected to be accepted."""
 
     proposal: DraftProposal
     rate: float
     judged: np.ndarray | None
+    expected: float = 0.0
 
 
 class ScoredCopyRows(RowwiseProposer):
@@ -336,7 +338,7 @@ class ScoredCopyRows(RowwiseProposer):
         offers = [self.rows[b].by_length(ctx, max_k) if max_k >= 1 else None
                   for b, (ctx, max_k) in enumerate(zip(contexts, max_ks))]
         least = max((offer.least_width for offer in offers if offer is not None), default=1)
-        cost = self.step_costs.batch_cost() if self.step_costs is not None else (lambda tokens: float(tokens))
+        cost = self.step_costs.batch_cost()
         width, best = 1, -1.0
         for candidate in range(least, max(max_ks, default=0) + 2):
             gain = batch + sum(offer.expected[min(candidate - 1, len(offer.expected) - 1)]
@@ -455,17 +457,15 @@ class ScoredCopyProposer(Proposer):
         scored = self._scored(ctx, max_k)
         if scored.fixed or scored.step is None:
             plan = self._choose(scored, max_k)
-            drafted = int(plan.proposal.num_tokens[0])
-            expected = plan.rate * scored.cost(1 + drafted) - 1.0
-            return LengthOffer(np.full(max_k + 1, expected), lambda d: plan, 1 + drafted)
+            forward = 1 + int(plan.proposal.num_tokens[0])
+            return LengthOffer(np.full(max_k + 1, plan.expected), lambda d: plan, forward)
         expected, candidates = best_by_length(scored.step, scored.hazard, max_k)
 
         def plan(d: int) -> CopyPlan:
             if d < 1:
                 return CopyPlan(DraftProposal.empty(1, scored.device), 1.0 / scored.cost(1), None)
             chosen = int(candidates[d])
-            drafted = int(min(scored.step.lengths[chosen], d))
-            return self._chain(scored, chosen, drafted, (1 + expected[d]) / scored.cost(1 + drafted))
+            return self._chain(scored, chosen, int(min(scored.step.lengths[chosen], d)), float(expected[d]))
 
         return LengthOffer(expected, plan)
 
@@ -484,22 +484,24 @@ class ScoredCopyProposer(Proposer):
         candidate, drafted, in_chain = choose_draft(step, scored.hazard, cost, max_k)
         if not drafted:
             return nothing
-        chain = self._chain(scored, candidate, drafted, (1 + in_chain) / cost(1 + drafted))
+        chain = self._chain(scored, candidate, drafted, in_chain)
         if self.trees and self.step_costs.chains_known and not scored.fixed:  # a tree where it beats the chain
             tokens, parents, in_tree = choose_tree(step, scored.hazard, self.step_costs.tree_cost, max_k)
             tree = chain_or_tree(parents) if tokens else None
             tree_rate = (1 + in_tree) / self.step_costs.tree_cost(1 + len(tokens)) if tree is not None else 0.0
             if tree_rate > chain.rate:  # the calibration judges a tree along the best chain, its main path
-                return CopyPlan(DraftProposal.of_row(tokens, tree, scored.device), tree_rate, chain.judged)
+                return CopyPlan(DraftProposal.of_row(tokens, tree, scored.device), tree_rate, chain.judged, in_tree)
         return chain
 
     @staticmethod
-    def _chain(scored: Scored, candidate: int, drafted: int, rate: float) -> CopyPlan:
-        """A point-mass chain, the candidate's first `drafted` tokens, with the scorer's logits of them
-        (what the calibration judges)."""
+    def _chain(scored: Scored, candidate: int, drafted: int, expected: float) -> CopyPlan:
+        """A point-mass chain, the candidate's first `drafted` tokens expected to bring `expected`
+        accepted ones, priced on the row's own cost curve, with the scorer's logits of them (what the
+        calibration judges)."""
         chain = scored.step.tokens[candidate, :drafted].tolist()
         judged = scored.logits[scored.candidate_of_row == candidate][:drafted]
-        return CopyPlan(DraftProposal.of_row(chain, None, scored.device), rate, judged)
+        return CopyPlan(DraftProposal.of_row(chain, None, scored.device), (1 + expected) / scored.cost(1 + drafted),
+                        judged, expected)
 
     def take(self, plan: CopyPlan) -> DraftProposal:
         """Draft what plan holds (the calibration then learns from its verification)."""

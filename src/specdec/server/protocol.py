@@ -62,7 +62,7 @@ class StreamOptions(BaseModel):
 
 
 class SpeculativeOptions(BaseModel):
-    """specdec's extension: this request's own speculation (docs/serving.md). method: one the server
+    """specdec's extension: this request's own speculation (docs/server.md). method: one the server
     loaded (GET /v1/models lists them under speculative.methods), k: drafted tokens per step, 0 for
     plain decoding, or "auto". Either may be left out: the server's own. The output is the same
     whichever is chosen (exact verification); only its speed changes."""
