@@ -35,7 +35,7 @@ import numpy as np
 from specdec.analysis import candidates as cand
 from specdec.analysis.replay import (Tally, cheapest_path, copyable_lengths, cost_table, flat_cost, recorded_turns,
                                      replay, step_time)
-from specdec.bench.harness import read_results
+from specdec.bench.harness import read_results, recorded_options
 from specdec.config import SpecConfig
 from specdec.factory import proposer_for
 from specdec.planning.costs import interpolated, tree_cost_ratios
@@ -122,7 +122,7 @@ def main() -> None:
 
         for header, turns, cs in runs:
             stream, cap = bool(header.get("stream")), header.get("max_new_tokens")
-            options = SuffixOptions(**(header.get("suffix") or {}))
+            options = SuffixOptions(**recorded_options(header).get("suffix", {}))
             def live(scorer, trees=False):  # --method copy as it runs (its calibration too), at these fixed costs
                 # Built by hand, not by the factory: a fold's fitted scorer and this cost table live in
                 # memory, and CopyOptions takes either only as a file.

@@ -301,7 +301,7 @@ def end_to_end(target: NativeRunner, draft: NativeRunner, tokenizer, new_tokens:
               if name == "plain" or name.split(" ")[0].split("-trees")[0] in methods}
     results, reference = {}, None
     for name, (method, k) in setups.items():
-        config = SpecConfig(method=method, k=k, max_k=16, copy=CopyOptions(trees=name.startswith("copy-trees")))
+        config = SpecConfig(method=method, k=k, max_k=16, options=(CopyOptions(trees=name.startswith("copy-trees")),))
         draft_model = drafts[name.split(" ")[0]]() if method == "draft" else None
         engine = engine_for(config, loaded(target, tokenizer), draft_model)
         engine.generate(prompt_ids, params, max_new_tokens=8)  # warm-up
@@ -425,7 +425,7 @@ def eagle3_on_device(device: torch.device) -> dict:
     path = str(folder / "eagle3.safetensors")
     for tree in (False, True):  # the head just trained, handed to the factory as the one loaded from `path`
         config = SpecConfig(method="eagle3-tree" if tree else "eagle3", k=4,
-                            head=HeadOptions(path=path, tree_size=8 if tree else None, tree_topk=3))
+                            options=(HeadOptions(path=path, tree_size=8 if tree else None, tree_topk=3),))
         spec = engine_for(config, loaded(target), heads={("eagle3", path): (head, vocab)})
         same, accepted = [], 0
         for prompt in ([5, 9, 12, 3, 7], [20, 21, 22, 23], [2, 8, 8, 8, 30, 31, 2]):

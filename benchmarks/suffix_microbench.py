@@ -53,7 +53,7 @@ def bench(context_len: int, cache_requests: int, steps: int, max_k: int, per_ste
     # The proposer `specdec generate --method suffix --suffix-cache-requests N` drafts with, called as
     # the engine calls it.
     proposer = proposer_for(SpecConfig(method="suffix", k=max_k,
-                                       suffix=SuffixOptions(cache_requests=max(cache_requests, 1))), None)
+                                       options=(SuffixOptions(cache_requests=max(cache_requests, 1)),)), None)
     started = time.perf_counter()
     for _ in range(cache_requests):
         proposer.end_request([], token_stream(256, rng, shared))

@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 
 from specdec.analysis.replay import cost_table, flat_cost, recorded_turns, replay, tally
-from specdec.bench.harness import read_results
+from specdec.bench.harness import read_results, recorded_options
 from specdec.config import SpecConfig
 from specdec.factory import proposer_for
 from specdec.proposers.suffix import SuffixDraft, SuffixOptions, SuffixProposer, speculate
@@ -102,10 +102,10 @@ def main() -> None:
         raise SystemExit(f"no bench results at {path}")
     turns = recorded_turns(rows)
     cost, label = cost_table(args.costs) if args.costs else (flat_cost, "every forward one step")
-    base = SuffixOptions(**header.get("suffix", {}))
+    base = SuffixOptions(**recorded_options(header).get("suffix", {}))
 
     def shipped(**changes):  # the proposer `specdec generate --method suffix -k K` with these options drafts with
-        return proposer_for(SpecConfig(method="suffix", k=args.k, suffix=SuffixOptions(**{**base.__dict__, **changes})),
+        return proposer_for(SpecConfig(method="suffix", k=args.k, options=(SuffixOptions(**{**base.__dict__, **changes}),)),
                             None)
 
     variants = {"as shipped": shipped}

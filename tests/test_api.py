@@ -9,6 +9,7 @@ from conftest import make_model, make_tokenizer
 from specdec.cli import build_parser
 from specdec.cli_options import config_from_args
 from specdec.config import HeadOptions, NgramOptions, SpecConfig
+from specdec.proposers.lookahead import LookaheadOptions
 from specdec.proposers.suffix import SuffixOptions
 
 
@@ -57,7 +58,8 @@ def test_load_settles_auto_and_reports_bad_options_before_loading(model_dirs):
     (dict(draft_confidence=1.0), "confidence"),
     (dict(quantize="int3"), "quantize must be one of"),
     (dict(dtype="float8"), "dtype must be one of"),
-    (dict(suffix="big"), "SuffixOptions"),
+    (dict(options=("big",)), "SuffixOptions"),
+    (dict(options=(SuffixOptions(), SuffixOptions(max_depth=3))), "two SuffixOptions"),
 ])
 def test_a_bad_config_is_a_clear_error(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -88,5 +90,5 @@ def test_the_command_line_builds_the_config_the_api_would():
     config = config_from_args(args)
     assert config == SpecConfig(
         target="./t", method="ngram+draft", k=6, draft="./d", max_k=7, draft_k=2, dtype="float32", quantize="int8",
-        draft_quantize="none", ngram=NgramOptions(4, 2), suffix=SuffixOptions(cache_requests=9, min_token_prob=0.2),
-        lookahead=dataclasses.replace(SpecConfig().lookahead, window=5), head=HeadOptions("./h", 6))
+        draft_quantize="none", options=(NgramOptions(4, 2), SuffixOptions(cache_requests=9, min_token_prob=0.2),
+                                        LookaheadOptions(window=5), HeadOptions("./h", 6)))

@@ -23,9 +23,10 @@ def quick_heads(qwen_pair, plain_references, tmp_path_factory, request):
                          ids=["eagle3", "eagle3-tree"])
 def test_real_target_eagle3_greedy_equals_plain(qwen_pair, plain_references, quick_heads, method, prompts):
     from specdec.models.heads import load_head_for
+    from specdec.proposers.head_methods import HeadOptions
     from specdec.proposers.registry import build_proposer
 
     target, _ = qwen_pair
     head, vocabulary = load_head_for(target, "eagle3", quick_heads("eagle3"))
-    proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)  # chains ignore it
+    proposer = build_proposer(method, loaded_head=head, head_vocabulary=vocabulary, head=HeadOptions(tree_size=8))  # chains ignore it
     assert_every_prompt_equal(target, proposer, plain_references, prompts, k=4)

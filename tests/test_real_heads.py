@@ -22,10 +22,11 @@ def quick_heads(qwen_pair, plain_references, tmp_path_factory):
                                             ("medusa", HEAD_CHAIN_PROMPTS)], ids=["eagle", "eagle-tree", "medusa"])
 def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references, quick_heads, method, prompts):
     from specdec.models.heads import load_head_for
+    from specdec.proposers.head_methods import HeadOptions
     from specdec.proposers.registry import build_proposer, head_kind
 
     target, _ = qwen_pair
     kind = head_kind(method)
     head, vocabulary = load_head_for(target, kind, quick_heads(kind))
-    proposer = build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=8)  # chains ignore it
+    proposer = build_proposer(method, loaded_head=head, head_vocabulary=vocabulary, head=HeadOptions(tree_size=8))  # chains ignore it
     assert_every_prompt_equal(target, proposer, plain_references, prompts, k=4)

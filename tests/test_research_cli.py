@@ -148,7 +148,7 @@ def test_bench_stream_lets_suffix_decoding_learn_from_earlier_prompts(capsys, mo
                           *(["--stream"] if stream else []))
     assert code == 0, err
     info, rows = read_results(out / "results.jsonl")
-    assert info["stream"] is stream and info["suffix"]["cache_requests"] == 500
+    assert info["stream"] is stream and info["options"]["suffix"]["cache_requests"] == 500
     suffix = {r["question_id"]: r for r in rows if r["method"] == "suffix"}
     plain = {r["question_id"]: r for r in rows if r["method"] == "autoregressive"}
     assert all(suffix[q]["turns"][0]["token_ids"] == plain[q]["turns"][0]["token_ids"] for q in ("q1", "q2"))

@@ -21,6 +21,7 @@ BOOK = ROOT / "benchmarks" / "RESULTS.md"
 HISTORY = ROOT / "docs" / "history.md"
 DOCUMENTS = {"RESULTS.md": BOOK, "history.md": HISTORY}
 MAX_BOOK_LINES = 800
+MAX_RESULTS_BYTES = 5_000_000
 
 pytestmark = pytest.mark.skipif(not RESULTS.is_dir(), reason="benchmarks/ is not beside this checkout")
 
@@ -43,6 +44,24 @@ def test_every_results_folder_has_a_manifest_and_every_loose_file_is_listed():
     listing = (RESULTS / "MANIFEST.md").read_text()
     loose = [path.name for path in RESULTS.iterdir() if path.is_file() and path.name != "MANIFEST.md"]
     assert [name for name in loose if f"## {name}" not in listing] == []
+
+
+def test_the_results_stay_small_and_packed():
+    """At most 5 MB in all, every large recording gzipped and every plot on a palette
+    (benchmarks/pack_results.py does both), and an archived run still reads as a bench run."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from pack_results import plots_to_pack, to_pack
+    from specdec.bench.harness import read_results
+    from specdec.cli_options import results_path
+
+    assert sum(path.stat().st_size for path in RESULTS.rglob("*") if path.is_file()) <= MAX_RESULTS_BYTES
+    assert to_pack(RESULTS) == [] and plots_to_pack(RESULTS) == []
+    archived = results_path(str(RESULTS / "agent-loop-copy-zen4"))
+    assert archived.name == "results.jsonl.gz"
+    info, rows = read_results(archived)
+    assert info["kind"] == "run" and len(rows) > 10
 
 
 def test_every_result_is_quoted_in_the_docs():

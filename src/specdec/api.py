@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 from specdec.config import DEFAULT_TARGET, HeadOptions, SpecConfig
+from specdec.proposers.registry import OPTION_GROUPS
 from specdec.engine import SpecEngine
 from specdec.engine.engine import GenerationResult, StreamChunk
 from specdec.sampling import SamplingParams
@@ -69,22 +70,24 @@ def load(target: str = DEFAULT_TARGET, *, method: str = "auto", k: int | str = "
     """Load a target (an embedded model name from `specdec models list` or a local Hugging Face
     directory) with a proposer, and return an LLM.
 
-    method: autoregressive, draft, ngram, ngram+draft, suffix, lookahead, eagle, eagle-tree,
-    eagle3, eagle3-tree, medusa, or auto (ngram; the draft
-    model wherever a draft is named). k: tokens drafted per step, or "auto". head: a trained
-    head's path (or HeadOptions) for the head methods. options: any other SpecConfig field
-    (device, dtype, backend, quantize, draft_quantize, max_k, ngram, suffix, lookahead, ...).
+    method: any of specdec.config.METHODS (`specdec generate --help` lists them), or auto (copy on a
+    CPU, ngram on CUDA; the draft model wherever a draft is named). k: tokens drafted per step, or
+    "auto". head: a trained head's path (or HeadOptions) for the head methods. options: any other
+    SpecConfig field (device, dtype, backend, quantize, draft_quantize, max_k, ...), or a method's
+    options by group (ngram=NgramOptions(...), suffix=SuffixOptions(...), copy=CopyOptions(...), ...).
     config: a whole SpecConfig instead of the keywords. verbose: log the loading to stderr.
     """
     if config is None:
-        fields = {field.name for field in dataclasses.fields(SpecConfig)}
-        unknown = sorted(set(options) - fields)
+        fields = {field.name for field in dataclasses.fields(SpecConfig)} - {"options"}
+        unknown = sorted(set(options) - fields - set(OPTION_GROUPS))
         if unknown:
             raise TypeError(f"load() got unknown options {', '.join(unknown)}; SpecConfig has: "
-                            f"{', '.join(sorted(fields))}")
+                            f"{', '.join(sorted(fields))}; the methods' option groups: {', '.join(OPTION_GROUPS)}")
         if isinstance(head, str):
             head = HeadOptions(path=head)
-        config = SpecConfig(target=target, method=method, k=k, draft=draft, head=head or HeadOptions(), **options)
+        groups = tuple(options.pop(group) for group in list(options) if group in OPTION_GROUPS)
+        config = SpecConfig(target=target, method=method, k=k, draft=draft, options=(*groups, head or HeadOptions()),
+                            **options)
     from specdec.factory import load_engine, log_to_stderr
 
     config = config.resolved()

@@ -9,9 +9,11 @@ here imports a command module, so there is no import circle.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from pathlib import Path
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 
 from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET, QUANTIZATIONS, HeadOptions, SpecConfig, option_groups
 from specdec.option_fields import flags_of, non_negative_int, number_in, positive_int, probability
@@ -97,9 +99,13 @@ def lenience_list(text: str) -> list[float]:
 
 
 def results_path(location: str) -> Path:
-    """A `specdec bench` OUT directory (or its results.jsonl) -> the results.jsonl."""
+    """A `specdec bench` OUT directory (or its results.jsonl) -> the results.jsonl, or the results.jsonl.gz
+    an archived run keeps where there is no plain one (benchmarks/results)."""
     path = Path(location)
-    return path / "results.jsonl" if path.suffix != ".jsonl" else path
+    if path.suffix not in (".jsonl", ".gz"):
+        path = path / "results.jsonl"
+    packed = path.with_name(path.name + ".gz")
+    return packed if path.suffix == ".jsonl" and not path.exists() and packed.exists() else path
 
 
 # ---- option groups -----------------------------------------------------------------------------
@@ -176,7 +182,7 @@ def add_method_args(parser: argparse.ArgumentParser, adaptive: bool = True) -> N
 
 def add_head_args(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
     """sweep (bench): --tree-size takes a comma-separated list, each size its own row of the run."""
-    heads = parser.add_argument_group(f"draft heads (--method {', '.join(methods_reading('head'))})")
+    heads = parser.add_argument_group(f"{HeadOptions.TITLE} (--method {', '.join(methods_reading(HeadOptions))})")
     heads.add_argument("--head", default=None, metavar="PATH",
                        help="a head checkpoint from `specdec train-head`, or for eagle3 a speculators / EAGLE-3 "
                             "directory (config.json + safetensors, as vLLM loads) (default: the one trained for "
@@ -193,28 +199,46 @@ def add_head_args(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
                        help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
 
 
-def add_option_groups(parser: argparse.ArgumentParser) -> None:
+def add_option_groups(parser: argparse.ArgumentParser, kinds: Sequence[type] | None = None, *,
+                      recorded: bool = False) -> None:
     """One argparse group per flagged options dataclass of SpecConfig (option_fields.py), titled by
-    the methods whose entries read it: --GROUP-FIELD flags, read back by config_from_args."""
-    for group_name, options in option_groups().items():
+    the methods whose entries read it: --GROUP-FIELD flags, read back by options_from_args.
+
+    kinds: those dataclasses only (default: every group's); recorded (replay): no flag has a default
+    of its own, an unset one keeps the recorded run's value."""
+    for options in option_groups().values() if kinds is None else kinds:
         declared = flags_of(options)
         if not declared:
             continue
-        group = parser.add_argument_group(f"{options.TITLE} (--method {', '.join(methods_reading(group_name))})")
+        group = parser.add_argument_group(f"{options.TITLE} (--method {', '.join(methods_reading(options))})")
         for field, flag in declared:
-            name = f"--{group_name}-{flag.name or field.name.replace('_', '-')}"
+            name = f"--{options.GROUP}-{flag.name or field.name.replace('_', '-')}"
+            dest, help = f"{options.GROUP}_{field.name}", flag.help
+            if recorded:
+                help = re.sub(r"\s*\(default: [^)]*\)", "", help) + " (default: the run's)"
             if flag.parse is None:
-                group.add_argument(name, dest=f"{group_name}_{field.name}", action="store_true", help=flag.help)
+                group.add_argument(name, dest=dest, action="store_true", default=None if recorded else False,
+                                   help=help)
             else:
-                group.add_argument(name, dest=f"{group_name}_{field.name}", type=flag.parse, default=field.default,
-                                   metavar=flag.metavar, choices=flag.choices, help=flag.help)
+                group.add_argument(name, dest=dest, type=flag.parse, default=None if recorded else field.default,
+                                   metavar=flag.metavar, choices=flag.choices, help=help)
 
 
-def options_from_args(args: argparse.Namespace) -> dict:
-    """SpecConfig's flagged option groups from the parsed flags (a flag a command lacks: its default)."""
-    return {group_name: options(**{field.name: getattr(args, f"{group_name}_{field.name}", field.default)
-                                   for field, _ in flags_of(options)})
-            for group_name, options in option_groups().items() if flags_of(options)}
+def options_from_args(args: argparse.Namespace, recorded: dict[str, dict] | None = None) -> dict:
+    """Option group -> its options from the parsed flags (a flag a command lacks: its default).
+    recorded (replay): group -> the run's recorded fields, which a flag left unset keeps."""
+    built = {}
+    for group_name, options in option_groups().items():
+        if not flags_of(options):
+            continue
+        known = {field.name for field in dataclasses.fields(options)}
+        fields = {name: value for name, value in ((recorded or {}).get(group_name) or {}).items() if name in known}
+        for field, _ in flags_of(options):
+            given = getattr(args, f"{group_name}_{field.name}", None)
+            if given is not None or (recorded is None and field.name not in fields):
+                fields[field.name] = field.default if given is None else given
+        built[group_name] = options(**fields)
+    return built
 
 
 def add_ngram_args(parser: argparse.ArgumentParser) -> None:
@@ -243,8 +267,8 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
         device=option("device", "auto"), dtype=option("dtype", "auto"), backend=option("backend", "auto"),
         quantize=option("quantize", "auto"), draft_quantize=option("draft_quantize", "auto"),
         draft_vocab=option("draft_vocab"),
-        **options_from_args(args),
         # bench's --tree-size is a list (grid): each grid cell sets its own
-        head=HeadOptions(option("head"), None if grid else option("tree_size"), option("tree_topk", 4)),
+        options=(*options_from_args(args).values(),
+                 HeadOptions(option("head"), None if grid else option("tree_size"), option("tree_topk", 4))),
     )
     return config.resolved() if resolve else config

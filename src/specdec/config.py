@@ -12,41 +12,19 @@ n-gram minimum above its maximum) is a ValueError before any model loads.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdec.models.native.linear import QUANTIZATIONS
 from specdec.proposers.draft_model import DEFAULT_CONFIDENCE
-from specdec.proposers.lookahead import LookaheadOptions
+from specdec.proposers.head_methods import HeadOptions
 from specdec.proposers.ngram import NgramOptions
-from specdec.proposers.registry import AUTO_METHOD, METHODS, check_method, head_kind, needs_draft_model, resolve_method
-from specdec.proposers.scored_copy import CopyOptions
-from specdec.proposers.suffix import SuffixOptions
+from specdec.proposers.registry import (AUTO_METHOD, METHODS, OPTION_GROUPS, check_method, head_kind,
+                                        needs_draft_model, resolve_method)
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # models/loader.py
 BACKENDS = ("auto", "native", "hf")
-
-
-@dataclass(frozen=True)
-class HeadOptions:
-    """Trained draft heads (eagle, eagle3, medusa and their trees).
-
-    path: a checkpoint from `specdec train-head` or an EAGLE-3 speculators directory
-    (None: the one trained for the target in the models' cache); tree_size: drafted nodes
-    per step (None: the method's default; "auto": EAGLE-2 trees sized each step from the
-    head's confidence and the measured verification costs); tree_topk: candidates per
-    expanded node."""
-
-    path: str | None = None
-    tree_size: int | str | None = None
-    tree_topk: int = 4
-
-    def __post_init__(self) -> None:
-        if self.tree_size not in (None, "auto") and (not _is_int(self.tree_size) or self.tree_size < 0):
-            raise ValueError(f"tree_size must be an integer >= 0, 'auto' or None, got {self.tree_size!r}")
-        if not _is_int(self.tree_topk) or self.tree_topk < 1:
-            raise ValueError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
 
 
 @dataclass(frozen=True)
@@ -58,6 +36,9 @@ class SpecConfig:
     controller picks each step's source, and the draft alone with a fixed k).
     k: tokens drafted per step (>= 1) or "auto" (each step's k from measured costs and the
     request's acceptance, at most max_k).
+    options: the methods' options, each an instance of an options dataclass its method's entry names
+    (NgramOptions(max=4), SuffixOptions(...), CopyOptions(...), HeadOptions(...), a plug-in's): at most
+    one per group; a group not given keeps its defaults (option(NgramOptions) reads either).
     """
 
     target: str = DEFAULT_TARGET
@@ -73,11 +54,7 @@ class SpecConfig:
     quantize: str = "auto"
     draft_quantize: str = "auto"
     draft_vocab: int | None = None  # the draft's head scores only this many frequent tokens
-    ngram: NgramOptions = field(default_factory=NgramOptions)
-    suffix: SuffixOptions = field(default_factory=SuffixOptions)
-    copy: CopyOptions = field(default_factory=CopyOptions)
-    lookahead: LookaheadOptions = field(default_factory=LookaheadOptions)
-    head: HeadOptions = field(default_factory=HeadOptions)
+    options: tuple = ()
 
     def __post_init__(self) -> None:
         if self.method != AUTO_METHOD:
@@ -97,9 +74,7 @@ class SpecConfig:
                                      ("backend", self.backend, BACKENDS), ("dtype", self.dtype, DTYPES)):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-        for name, kind in option_groups().items():
-            if not isinstance(getattr(self, name), kind):
-                raise ValueError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        object.__setattr__(self, "options", _checked_options(self.options))
 
     def resolved(self, device_type: str | None = None) -> SpecConfig:
         """The config with method auto and the draft default settled for the device.
@@ -121,8 +96,25 @@ class SpecConfig:
 
     def with_method(self, method: str, k: int | str | None = None, tree_size: int | str | None = None) -> SpecConfig:
         """The same models and options with another method (and k, tree size): bench's grid, verify's baseline."""
-        head = self.head if tree_size is None else dataclasses.replace(self.head, tree_size=tree_size)
-        return dataclasses.replace(self, method=method, k=self.k if k is None else k, head=head)
+        config = dataclasses.replace(self, method=method, k=self.k if k is None else k)
+        if tree_size is None:
+            return config
+        return config.with_options(dataclasses.replace(self.option(HeadOptions), tree_size=tree_size))
+
+    def option(self, kind: type):
+        """The options of `kind` (an options dataclass: NgramOptions, HeadOptions, ...): as given, else its
+        defaults."""
+        return next((given for given in self.options if isinstance(given, kind)), None) or kind()
+
+    def method_options(self) -> dict[str, object]:
+        """Every option group -> its options, given or default: registry.build_proposer's keywords."""
+        return {group: self.option(kind) for group, kind in OPTION_GROUPS.items()}
+
+    def with_options(self, *options) -> SpecConfig:
+        """The same config with these options replacing those of their groups."""
+        groups = {type(given).GROUP for given in options}
+        kept = tuple(given for given in self.options if type(given).GROUP not in groups)
+        return dataclasses.replace(self, options=kept + tuple(options))
 
     @property
     def needs_draft_model(self) -> bool:
@@ -141,10 +133,26 @@ class SpecConfig:
 
 
 def option_groups() -> dict[str, type]:
-    """SpecConfig's option groups, name -> options dataclass (NgramOptions, SuffixOptions, ...): the
-    fields a method's entry names in MethodEntry.options, each built by its default_factory."""
-    return {f.name: type(f.default_factory()) for f in dataclasses.fields(SpecConfig)
-            if f.default_factory is not dataclasses.MISSING}
+    """SpecConfig's option groups, name -> options dataclass (NgramOptions, SuffixOptions, ...): those
+    the methods' entries name in MethodEntry.options."""
+    return dict(OPTION_GROUPS)
+
+
+def _checked_options(options) -> tuple:
+    """options as a tuple, each an instance of an option group's dataclass, one per group; in one order
+    (by group) and without those equal to their defaults, so equal configs compare equal."""
+    if not isinstance(options, (tuple, list)):
+        raise ValueError(f"options must be a tuple of options dataclasses (NgramOptions(...), ...), got {options!r}")
+    seen = set()
+    for given in options:
+        group = getattr(type(given), "GROUP", None)
+        if OPTION_GROUPS.get(group) is not type(given):
+            raise ValueError(f"options holds {given!r}, which no method reads; the options dataclasses are: "
+                             f"{', '.join(kind.__name__ for kind in OPTION_GROUPS.values())}")
+        if group in seen:
+            raise ValueError(f"options holds two {type(given).__name__}s: give one per group")
+        seen.add(group)
+    return tuple(sorted((given for given in options if given != type(given)()), key=lambda given: type(given).GROUP))
 
 
 def _is_int(value) -> bool:

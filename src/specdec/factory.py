@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from specdec.config import DEFAULT_DRAFT, SpecConfig
+from specdec.config import DEFAULT_DRAFT, HeadOptions, SpecConfig
 from specdec.engine import SpecEngine
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer
@@ -32,7 +32,7 @@ def check_before_loading(config: SpecConfig) -> None:
     if config.head_kind is not None:
         from specdec.models.heads import locate_head
 
-        locate_head(config.target, config.head_kind, config.head.path)
+        locate_head(config.target, config.head_kind, config.option(HeadOptions).path)
 
 
 def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log = log_to_stderr,
@@ -74,7 +74,6 @@ def proposer_for(config: SpecConfig, target, draft=None, *,
     heads: a dict shared across calls so that a grid of k values loads each head once."""
     return build_proposer(config.method, draft_runner=draft.runner if draft is not None else None,
                           adaptive=config.k == "auto", **proposer_options(config),
-                          suffix=config.suffix, lookahead=config.lookahead, copy=config.copy,
                           **_head_arguments(config, target, heads))
 
 
@@ -107,9 +106,7 @@ def batch_proposer_for(config: SpecConfig, *, slots: int, draft_runner=None, hea
 
     def build(method: str):
         return build_proposer(method, slots=slots, draft_runner=draft_runner, adaptive=config.k == "auto",
-                              **proposer_options(config), suffix=config.suffix, lookahead=config.lookahead,
-                              copy=config.copy, head=loaded, head_vocabulary=vocabulary,
-                              tree_size=config.head.tree_size, tree_topk=config.head.tree_topk)
+                              **proposer_options(config), loaded_head=loaded, head_vocabulary=vocabulary)
 
     if not request_methods:
         return build(config.method)
@@ -124,13 +121,12 @@ def load_head(config: SpecConfig, target):
         return None
     from specdec.models.heads import load_head_for
 
-    return load_head_for(target, config.head_kind, config.head.path)
+    return load_head_for(target, config.head_kind, config.option(HeadOptions).path)
 
 
 def proposer_options(config: SpecConfig) -> dict:
-    """The n-gram and draft-model keywords of proposers/registry.py's build_proposer."""
-    return dict(ngram_max=config.ngram.max, ngram_min=config.ngram.min, ngram_tie_break=config.ngram.tie_break,
-                draft_k=config.draft_k, draft_confidence=config.draft_confidence)
+    """build_proposer's draft-model keywords and every option group's options (proposers/registry.py)."""
+    return dict(draft_k=config.draft_k, draft_confidence=config.draft_confidence, **config.method_options())
 
 
 def _head_arguments(config: SpecConfig, target, heads: dict | None) -> dict:
@@ -139,9 +135,8 @@ def _head_arguments(config: SpecConfig, target, heads: dict | None) -> dict:
     if kind is None:
         return {}
     heads = {} if heads is None else heads
-    key = (kind, config.head.path)
+    key = (kind, config.option(HeadOptions).path)
     if key not in heads:
         heads[key] = load_head(config, target)
     head, vocabulary = heads[key]
-    return dict(head=head, head_vocabulary=vocabulary, tree_size=config.head.tree_size,
-                tree_topk=config.head.tree_topk)
+    return dict(loaded_head=head, head_vocabulary=vocabulary)

@@ -55,7 +55,10 @@ the copy ceiling's continuations, whichever is cheaper step by step.
 def add_replay_command(sub) -> None:
     import argparse
 
-    from specdec.proposers.registry import ENTRIES
+    from specdec.cli_options import add_option_groups
+    from specdec.config import option_groups
+    from specdec.proposers.registry import ENTRIES, methods_reading
+    from specdec.proposers.scored_copy import CopyOptions
 
     replay = sub.add_parser("replay", help="replay a bench run's greedy answers through ngram and suffix decoding "
                                            "(no model) or a draft model (no target): exact acceptance, predicted "
@@ -71,14 +74,9 @@ def add_replay_command(sub) -> None:
                         help="comma-separated fixed draft lengths >= 1 (default: the run's fixed k, else 8)")
     replay.add_argument("--costs", help="the cost table of the machine to predict for, as `specdec costs` "
                                         "writes it (default: every forward costs one step)")
-    replay.add_argument("--ngram-max", type=positive_int, default=None, help="(default: the run's)")
-    replay.add_argument("--ngram-min", type=positive_int, default=None, help="(default: the run's)")
-    for name, field, kind, what in (("cache-requests", "cache_requests", int, "earlier answers kept"),
-                                    ("max-depth", "max_depth", int, "longest match"),
-                                    ("spec-factor", "spec_factor", float, "drafted tokens per matched token"),
-                                    ("min-prob", "min_token_prob", float, "lowest estimated probability drafted")):
-        replay.add_argument(f"--suffix-{name}", dest=f"suffix_{field}", type=kind, default=None,
-                            help=f"{what} (default: the run's)")
+    # The replayable methods' knobs (copy's scorer aside: --copy-scorer, --fit), each defaulting to the run's.
+    add_option_groups(replay, [kind for kind in option_groups().values() if kind is not CopyOptions
+                               and any(ENTRIES[name].replayable for name in methods_reading(kind))], recorded=True)
     replay.add_argument("--copy-scorer", default=None, metavar="FILE",
                         help="copy's scorer, as --fit writes it (default: the one that ships)")
     replay.add_argument("--fit", default=None, metavar="FILE",
@@ -100,10 +98,10 @@ def add_replay_command(sub) -> None:
 def cmd_replay(args) -> int:
     from specdec.analysis.replay import (cost_table, draft_cost_table, flat_cost, replay_json, replay_markdown,
                                          replay_rows)
-    from specdec.bench.harness import read_results
+    from specdec.bench.harness import read_results, recorded_options
+    from specdec.cli_options import options_from_args
     from specdec.proposers.registry import ENTRIES, build_proposer
     from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
-    from specdec.proposers.suffix import SuffixOptions
 
     path = results_path(args.results)
     if not path.exists():
@@ -126,14 +124,7 @@ def cmd_replay(args) -> int:
     else:
         ks = sorted({row["k"] for row in rows if row["method"] in methods and isinstance(row["k"], int)
                      and row["k"] > 0}) or [8]
-    suffix = dict(header.get("suffix") or {})
-    for field in ("cache_requests", "max_depth", "spec_factor", "min_token_prob"):
-        if getattr(args, f"suffix_{field}") is not None:
-            suffix[field] = getattr(args, f"suffix_{field}")
-    options = SuffixOptions(**suffix)
-    ngram = dict(ngram_max=args.ngram_max or header.get("ngram_max", 3),
-                 ngram_min=args.ngram_min or header.get("ngram_min", 1),
-                 ngram_tie_break=header.get("ngram_tie_break", "recent"))
+    options = options_from_args(args, recorded_options(header))  # the run's, as the flags change them
     cost, label = (cost_table(args.costs) if args.costs else
                    (flat_cost, "none given: every forward one step (roughly a GPU)"))
     draft_cost, oracles, vocab_size, runner = None, None, None, None
@@ -150,7 +141,7 @@ def cmd_replay(args) -> int:
         draft = load_model(args.draft, quantize=args.draft_quantize, head_vocab=args.draft_vocab, role="draft")
         runner, vocab_size = CountingRunner(draft.runner), draft.runner.vocab_size
         oracles = DraftOracles(draft.runner, vocab_size, cost, draft_cost)
-    proposers = {method: (lambda method=method: build_proposer(method, suffix=options, draft_runner=runner, **ngram))
+    proposers = {method: (lambda method=method: build_proposer(method, draft_runner=runner, **options))
                  for method in methods}
     if "copy" in methods:  # it sizes drafts by the costs replayed (no engine measures any here)
         scorer = _copy_scorer(args, header, rows, ks[0])

@@ -203,7 +203,7 @@ def cmd_bench(args) -> int:
         from specdec.bench.harness import BenchPlan, method_grid, run_bench
         from specdec.bench.prompt_sets import load_prompts
         from specdec.cli_options import config_from_args
-        from specdec.factory import check_before_loading, engine_for, load_models, proposer_options
+        from specdec.factory import check_before_loading, engine_for, load_models
 
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         config = config_from_args(args, resolve=False, grid=True)  # each grid cell sets method and k
@@ -222,13 +222,14 @@ def cmd_bench(args) -> int:
         target, draft = load_models(config, need_draft=need_draft)
         heads: dict = {}  # each head loads once for every k
         engines = {spec: engine_for(cell, target, draft, heads=heads) for spec, cell in cells.items()}
-        options = proposer_options(config)  # recorded in the run's header
+        # Recorded in the run's header: what replay drafts with (bench.harness.recorded_options reads it).
+        options = dict(draft_k=config.draft_k, draft_confidence=config.draft_confidence,
+                       options={group: dataclasses.asdict(value) for group, value in config.method_options().items()})
         run_info = dict(target=config.target, draft=draft.name if draft else None, backend=target.backend,
                         device=str(target.runner.device), target_model=target.describe(),
                         draft_model=draft.describe() if draft else None, machine=_machine(),
                         prompts=len(prompts), prompt_sets=args.prompts, max_k=args.max_k, tree_sizes=tree_sizes,
-                        **options,
-                        suffix=dataclasses.asdict(config.suffix), lookahead=dataclasses.asdict(config.lookahead))
+                        **options)
         quality = args.quality == "on" or (args.quality == "auto" and min(leniences) < 1)
         plan = BenchPlan(prompts, grid, temperatures, args.repeats, args.max_new_tokens, args.top_p, args.seed,
                          run_info, quality, stream=args.stream)

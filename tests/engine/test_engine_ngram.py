@@ -8,6 +8,7 @@ from conftest import make_model
 from specdec.engine import SpecEngine
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer, NgramProposer, NgramThenDraftProposer
+from specdec.proposers.ngram import NgramOptions
 from specdec.proposers.registry import build_proposer
 
 # Repetitive text: its own continuation is partly a copy, so lookups find matches.
@@ -75,13 +76,13 @@ def test_hybrid_matches_plain_greedy_and_uses_both_proposers(target_runner, toke
 
 @pytest.mark.parametrize("method", ["ngram", "ngram+draft"])
 def test_registry_builds_ngram_methods(method, draft_runner):
-    proposer = build_proposer(method, draft_runner=draft_runner, ngram_max=4, ngram_min=2)
+    proposer = build_proposer(method, draft_runner=draft_runner, ngram=NgramOptions(4, 2))
     assert proposer is not None and hasattr(proposer, "propose")
 
 
 def test_registry_rejects_bad_ngram_options(draft_runner):
     with pytest.raises(ValueError, match="ngram_min"):
-        build_proposer("ngram", ngram_max=2, ngram_min=3)
+        build_proposer("ngram", ngram=NgramOptions(2, 3))
     with pytest.raises(ValueError, match="draft model"):
         build_proposer("ngram+draft")
     with pytest.raises(ValueError, match="draft_k"):

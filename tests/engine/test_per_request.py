@@ -27,7 +27,7 @@ def models():
 
 def mixed_engine(models, tokenizer, method="draft", k: int | str = 3, others=OTHERS):
     target, draft = make_native(models[0], batch_size=SLOTS), make_native(models[1], batch_size=SLOTS)
-    config = SpecConfig(method=method, k=k, suffix=NO_CACHE, copy=CopyOptions(corpus_tokens=0))
+    config = SpecConfig(method=method, k=k, options=(NO_CACHE, CopyOptions(corpus_tokens=0)))
     proposer = batch_proposer_for(config, slots=SLOTS, draft_runner=draft, request_methods=(method, *others))
     return BatchEngine(target, proposer, tokenizer, k=k)
 

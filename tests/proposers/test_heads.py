@@ -311,7 +311,7 @@ def test_bad_checkpoints_and_mismatched_methods_are_clear_errors(tmp_path, eagle
     with pytest.raises(ValueError, match="not a specdec head"):
         load_head(tmp_path / "other.safetensors")
     with pytest.raises(ValueError, match="needs a medusa head"):
-        build_proposer("medusa", head=eagle[1], head_vocabulary=vocab)
+        build_proposer("medusa", loaded_head=eagle[1], head_vocabulary=vocab)
     with pytest.raises(ValueError, match="needs a trained eagle head"):
         build_proposer("eagle")
     with pytest.raises(ValueError, match="unknown head kind"):

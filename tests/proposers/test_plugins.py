@@ -36,7 +36,8 @@ def installed(tmp_path_factory) -> dict:
     info = site / "toy_specdec_method-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-specdec-method\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[specdec.methods]\nrepeat-last = toy_specdec_method:METHOD\n")
+    (info / "entry_points.txt").write_text("[specdec.methods]\nrepeat-last = toy_specdec_method:METHOD\n"
+                                           "repeat-n = toy_specdec_method:ENTRY\n")
     models = tmp_path_factory.mktemp("plugin-models")
     make_model(seed=0, layers=2).save_pretrained(models / "target")
     make_tokenizer().save_pretrained(models / "target")
@@ -71,6 +72,34 @@ main(["generate", "--target", {target!r}, "--device", "cpu", "--method", "repeat
     plain = specdec.load(target, method="autoregressive", device="cpu").generate(PROMPT, max_new_tokens=40)
     assert cli["method"] == "repeat-last" and cli["token_ids"] == plain.token_ids
     assert cli["stats"]["drafted_tokens"] > 0
+
+
+def test_a_plugin_entry_brings_its_options_as_flags_and_config(installed):
+    """The entry form: the toy's options dataclass is a SpecConfig option group and a flag of every
+    command (--repeat-times, under a group titled by the method), and reaches the proposer."""
+    target = installed["target"]
+    out = python(installed, f'''
+import json, specdec
+from specdec.cli import main
+from toy_specdec_method import RepeatOptions
+plain = specdec.load({target!r}, method="autoregressive", device="cpu").generate({PROMPT!r}, max_new_tokens=40)
+mine = specdec.load({target!r}, method="repeat-n", k=4, device="cpu", repeat=RepeatOptions(times=2)).generate(
+    {PROMPT!r}, max_new_tokens=40)
+print(json.dumps({{"same": mine.token_ids == plain.token_ids, "positions": len(mine.stats.drafted_per_position)}}))
+try:
+    main(["generate", "--help"])
+except SystemExit:
+    pass
+main(["generate", "--target", {target!r}, "--device", "cpu", "--method", "repeat-n", "-k", "4", "--repeat-times",
+      "3", "--max-new-tokens", "40", "--json", {PROMPT!r}])
+''')
+    first, rest = out.split("\n", 1)
+    loaded = json.loads(first)
+    assert loaded == {"same": True, "positions": 2}  # never more than its 2 tokens a step, at k = 4
+    assert "repeating the last token (--method repeat-n):" in rest and "--repeat-times N" in rest
+    cli = json.loads(rest[rest.index("\n{") + 1:])
+    plain = specdec.load(target, method="autoregressive", device="cpu").generate(PROMPT, max_new_tokens=40)
+    assert cli["token_ids"] == plain.token_ids and len(cli["stats"]["drafted_per_position"]) == 3
 
 
 def test_serve_runs_the_plugin_and_answers_a_real_client(installed):
@@ -146,5 +175,5 @@ def test_a_clashing_or_broken_plugin_is_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match="'ngram' is already taken"):
         discover({"ngram"})
     offering("not a method")
-    with pytest.raises(TypeError, match="must name a specdec.proposers.plugins.PluginMethod"):
+    with pytest.raises(TypeError, match="must name a specdec.proposers.plugins.PluginMethod or a"):
         discover({"ngram"})

@@ -12,6 +12,7 @@ from specdec.bench.harness import TREE_METHODS
 from specdec.cli import build_parser
 from specdec.config import SpecConfig, option_groups
 from specdec.option_fields import flags_of
+from specdec.proposers.lookahead import LookaheadOptions
 from specdec.proposers.registry import BESIDE_ANY_METHOD, ENTRIES, METHODS, build_proposer, methods_reading
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -45,7 +46,7 @@ def test_what_reads_the_entries_agrees_with_them():
     for name, method in ENTRIES.items():
         assert SpecConfig(method=name).needs_draft_model == method.needs_draft_model
         assert SpecConfig(method=name).head_kind == method.head_kind
-        assert set(method.options) <= set(option_groups()), name
+        assert {kind.GROUP for kind in method.options} <= set(option_groups()), name
     assert build_proposer("autoregressive") is None
 
 
@@ -57,7 +58,7 @@ def test_every_option_group_is_a_titled_cli_group_naming_its_methods():
     for group_name, options in option_groups().items():
         if not flags_of(options):
             continue
-        title = f"{options.TITLE} (--method {', '.join(methods_reading(group_name))})"
+        title = f"{options.TITLE} (--method {', '.join(methods_reading(options))})"
         assert title in titles, title
         flags = {option for action in titles[title]._group_actions for option in action.option_strings}
         assert len(flags) == len(flags_of(options)) and all(flag.startswith(f"--{group_name}-") for flag in flags)
@@ -76,6 +77,16 @@ def test_a_flag_reaches_its_field(argv, field, expected):
 
     args = build_parser().parse_args(["generate", "--method", "ngram", *argv, "hello"])
     config = config_from_args(args, resolve=False)
-    assert getattr(getattr(config, field[0]), field[1]) == expected
+    assert getattr(config.option(option_groups()[field[0]]), field[1]) == expected
     untouched = {name: options() for name, options in option_groups().items() if name != field[0]}
-    assert all(getattr(config, name) == default for name, default in untouched.items())
+    assert all(config.option(type(default)) == default for default in untouched.values())
+
+
+def test_lookahead_is_described_by_its_own_module_alone():
+    """The entry form: lookahead decoding's name, options and builder live in proposers/lookahead.py;
+    no other module of specdec names the method (a new method's module is as alone)."""
+    source = Path(__file__).resolve().parents[2] / "src" / "specdec"
+    naming = sorted(str(path.relative_to(source)) for path in source.rglob("*.py")
+                    if '"lookahead"' in path.read_text() or "LookaheadOptions" in path.read_text())
+    assert naming == ["proposers/lookahead.py"]
+    assert ENTRIES["lookahead"].options == (LookaheadOptions,) and "lookahead" in option_groups()

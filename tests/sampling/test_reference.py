@@ -17,6 +17,7 @@ import torch
 from conftest import make_model, make_native, make_peaked_model
 from specdec.engine import SpecEngine
 from specdec.models.heads import FrozenVocabulary, HeadConfig, LoadedHead, build_head
+from specdec.proposers.head_methods import HeadOptions
 from specdec.proposers.registry import build_proposer
 from specdec.proposers.scored_copy import CopyOptions
 from specdec.proposers.suffix import SuffixOptions
@@ -59,8 +60,8 @@ def build(method, models, target):
     """The method's proposer, as the registry builds it for one row (no cache of earlier requests)."""
     if method in HEAD_METHODS:
         head, vocabulary = head_for(HEAD_METHODS[method], models[0], target)
-        return build_proposer(method, head=head, head_vocabulary=vocabulary, tree_size=6 if method != "eagle" else 0,
-                              tree_topk=2)
+        return build_proposer(method, loaded_head=head, head_vocabulary=vocabulary,
+                              head=HeadOptions(tree_size=6 if method != "eagle" else 0, tree_topk=2))
     proposer = build_proposer(method, draft_runner=make_native(models[1]), suffix=SuffixOptions(cache_requests=0),
                               copy=CopyOptions(corpus_tokens=0))
     if method in ("copy", "copy+draft"):

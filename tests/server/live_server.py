@@ -30,7 +30,7 @@ def tiny_app(*, method: str = "draft", k: int = 3, slots: int = 4, max_queue: in
     chunking changes no output."""
     target = make_native(make_model(seed=0), max_context=max_context)
     draft = make_native(make_model(seed=1, layers=1), max_context=max_context)
-    return build_server(target, chat_tokenizer(), name=MODEL_NAME, config=SpecConfig(method=method, k=k, copy=copy or CopyOptions()),
+    return build_server(target, chat_tokenizer(), name=MODEL_NAME, config=SpecConfig(method=method, k=k, options=(copy or CopyOptions(),)),
                         draft_runner=draft,
                         slots=slots, max_queue=max_queue, max_context=max_context, prefill_chunk=prefill_chunk,
                         **options)

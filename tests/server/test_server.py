@@ -113,7 +113,7 @@ def test_a_head_server_drafts_trees_for_concurrent_clients_and_answers_plain_gre
     vocab_ids = torch.arange(model.config.vocab_size)
     head = LoadedHead(head_config, build_head(head_config).eval(), vocab_ids, {})
     vocabulary = FrozenVocabulary(model.get_input_embeddings().weight, model.get_output_embeddings().weight, vocab_ids)
-    config = SpecConfig(method="eagle-tree", k=3, head=HeadOptions(tree_size=6, tree_topk=2))
+    config = SpecConfig(method="eagle-tree", k=3, options=(HeadOptions(tree_size=6, tree_topk=2),))
     app = build_server(target, chat_tokenizer(), name=MODEL_NAME, config=config, slots=3, prefill_chunk=16,
                        head=(head, vocabulary))
     prompts = ["the quick brown fox", "hello", "why? because.", "a b c d e f"]
@@ -195,7 +195,7 @@ def test_models_and_health(client, url):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL_NAME]
     assert models[0].model_extra["speculative"] == {"method": "draft", "k": 3, "max_k": 8,
-                                                    "methods": ["draft", "autoregressive", "ngram", "copy", "suffix"]}
+                                                    "methods": ["draft", "autoregressive", "copy", "ngram", "suffix"]}
     health = httpx.get(f"{url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
@@ -344,7 +344,7 @@ BAD_REQUESTS = [
                           "top_logprobs": 2}, 400, "top_logprobs needs logprobs"),
     ("completions", {"model": "gpt-4", "prompt": "hi"}, 404, "does not exist"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"method": "eagle"}}, 400,
-     "'eagle' is not loaded on this engine; loaded: draft, autoregressive, ngram, copy, suffix"),
+     "'eagle' is not loaded on this engine; loaded: draft, autoregressive, copy, ngram, suffix"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": -1}}, 400, "speculative"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": 9}}, 400, "at most 8"),
     ("completions", {"model": MODEL_NAME, "prompt": "hi", "speculative": {"k": "fast"}}, 400, "speculative"),

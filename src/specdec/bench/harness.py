@@ -11,6 +11,7 @@ skips the rows already in the file, so an interrupted run resumes.
 
 from __future__ import annotations
 
+import gzip
 import json
 import platform
 import sys
@@ -111,12 +112,17 @@ def job_key(prompt: BenchPrompt, repeat: int, temperature: float, spec: MethodSp
 
 
 def read_results(path: str | Path) -> tuple[dict, list[dict]]:
-    """(run info, generation rows) of a results file; ({}, []) when it does not exist yet."""
+    """(run info, generation rows) of a results file; ({}, []) when it does not exist yet. An archived
+    run's results.jsonl.gz (benchmarks/results) is read where there is no plain one."""
     path = Path(path)
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.exists():
+        path = packed
     if not path.exists():
         return {}, []
     info, rows = {}, []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -128,6 +134,17 @@ def read_results(path: str | Path) -> tuple[dict, list[dict]]:
         elif record.get("kind") == "generation":
             rows.append(record)
     return info, rows
+
+
+def recorded_options(info: dict) -> dict[str, dict]:
+    """Option group -> the fields a run's header recorded for it ({} where none). Runs before the
+    options were recorded by group kept n-gram's flat (ngram_max, ...) and suffix decoding's whole."""
+    if "options" in info:
+        return dict(info["options"])
+    legacy = {"ngram": {field: info[f"ngram_{field}"] for field in ("max", "min", "tie_break") if f"ngram_{field}" in info}}
+    if isinstance(info.get("suffix"), dict):
+        legacy["suffix"] = info["suffix"]
+    return legacy
 
 
 def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:

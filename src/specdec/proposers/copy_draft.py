@@ -40,9 +40,10 @@ import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer, RowwiseProposer, pad_proposals, row_of
-from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.draft_model import DEFAULT_CONFIDENCE, DraftModelProposer, draft_model_for
+from specdec.proposers.entry import Build, MethodEntry
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW
-from specdec.proposers.scored_copy import CopyPlan, StepCosts
+from specdec.proposers.scored_copy import CopyOptions, CopyPlan, StepCosts, scored_copy_maker
 
 PROBE_AFTER = 8  # steps without the draft model before it is probed again where copying offers nothing
 PROBE_CAP = 256  # the longest wait between probes of a draft model that keeps losing
@@ -233,3 +234,18 @@ class CopyThenDraftProposer(BatchProposer):
     def forget_earlier_requests(self) -> None:
         self.copy.forget_earlier_requests()
 
+
+
+def _build(build: Build) -> BatchProposer:
+    # It sizes its own steps whatever k is: its draft model always stops where unsure.
+    confidence = DEFAULT_CONFIDENCE if build.draft_confidence is None else build.draft_confidence
+    draft = draft_model_for(build, confidence, DRAFT_CONTEXT_WINDOW)
+    copy = RowwiseProposer(scored_copy_maker(build.option(CopyOptions)), build.slots)
+    return CopyThenDraftProposer(copy, draft, build.draft_k)
+
+
+METHOD_ENTRIES = (
+    MethodEntry("copy+draft", "scored copying and the draft model: each step drafted by the one whose expected "
+                "tokens per second is higher (copying's fitted score, the draft model's measured rate and time)",
+                _build, needs_draft_model=True, options=(CopyOptions,)),
+)

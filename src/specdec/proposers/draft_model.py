@@ -38,6 +38,7 @@ import torch
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer
+from specdec.proposers.entry import Build, MethodEntry
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -211,3 +212,20 @@ class DraftModelProposer(BatchProposer):
         self._proposal_start[destination] = self._proposal_start[source]
         self._fed_drafts[destination] = self._fed_drafts[source]
         self._skipped[destination] = self._skipped[source]
+
+
+def draft_model_for(build: Build, confidence: float | None, context_window: int = CONTEXT_WINDOW) -> DraftModelProposer:
+    """The loaded draft model as a proposer of build's rows (a clear error where none is loaded)."""
+    if build.draft_runner is None:
+        raise ValueError(f"method {build.method!r} needs a draft model (--draft)")
+    if getattr(build.draft_runner, "batch_size", 1) != build.slots:
+        raise ValueError(f"the draft model needs one cache row per slot ({build.slots}): a native runner's "
+                         "with_batch_size(slots)")
+    return DraftModelProposer(build.draft_runner, confidence, context_window=context_window)
+
+
+METHOD_ENTRIES = (
+    MethodEntry("draft", "a small draft model proposes k tokens, the target verifies them (Chen et al. "
+                "Algorithm 2)", lambda build: draft_model_for(build, build.draft_confidence if build.adaptive else None),
+                needs_draft_model=True, replayable=True),
+)

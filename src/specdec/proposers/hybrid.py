@@ -23,7 +23,9 @@ import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, Source
 from specdec.proposers.batched import BatchProposer, as_batch, pad_proposals, row_of
-from specdec.proposers.draft_model import DraftModelProposer
+from specdec.proposers.draft_model import DraftModelProposer, draft_model_for
+from specdec.proposers.entry import Build, MethodEntry
+from specdec.proposers.ngram import NgramOptions, NgramProposer
 
 DRAFT = Source("draft", reads_backlog=True)
 # The draft model's window of the prompt under ngram+draft (the draft method's: CONTEXT_WINDOW, 256). Each
@@ -110,3 +112,18 @@ class NgramThenDraftProposer(BatchProposer):
         self.ngram.move_row(source, destination)
         self.draft.move_row(source, destination)
 
+
+
+def _build(build: Build) -> BatchProposer:
+    # Beside a copying source the draft reads a shorter window of the prompt (DRAFT_CONTEXT_WINDOW says why).
+    draft = draft_model_for(build, build.draft_confidence if build.adaptive else None, DRAFT_CONTEXT_WINDOW)
+    # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates.
+    options = build.option(NgramOptions)
+    lookup = build.per_row(lambda: NgramProposer(options.max, options.min, options.tie_break))
+    return NgramThenDraftProposer(lookup, draft, build.draft_k)
+
+
+METHOD_ENTRIES = (
+    MethodEntry("ngram+draft", "n-gram lookup first, the draft model when the lookup finds no match", _build,
+                needs_draft_model=True, options=(NgramOptions,), replayable=True),
+)

@@ -34,6 +34,7 @@ import torch
 from specdec.option_fields import flagged, positive_int
 
 from specdec.proposers.base import DraftProposal, LookaheadInputs, ProposeContext, Proposer, chain_or_tree
+from specdec.proposers.entry import Build, MethodEntry
 
 DEFAULT_WINDOW = 4
 DEFAULT_NGRAM = 3
@@ -45,6 +46,7 @@ POOL_PER_TOKEN = 16  # n-grams kept per first token, most recent first
 class LookaheadOptions:
     """--method lookahead's knobs; each field is its own flag."""
 
+    GROUP: ClassVar[str] = "lookahead"
     TITLE: ClassVar[str] = "lookahead decoding"
     window: int = flagged(DEFAULT_WINDOW, "columns of the Jacobi window the target guesses ahead on "
                           f"(default: {DEFAULT_WINDOW})", parse=positive_int, metavar="W")
@@ -159,3 +161,16 @@ class LookaheadProposer(Proposer):
         length = context.shape[0]
         picks = torch.linspace(0, length - 1, self.options.window).round().long()
         return context[picks].tolist()
+
+
+def _build(build: Build) -> Proposer:
+    options = build.option(LookaheadOptions)
+    return build.per_row(lambda: LookaheadProposer(options))
+
+
+METHOD_ENTRIES = (
+    # It runs alone: its window's tokens join every drafting row's forward and are priced into each.
+    MethodEntry("lookahead", "lookahead decoding: the target itself guesses n-grams by Jacobi iteration over a "
+                "window of guesses, in the same forward that verifies earlier ones; no draft model (native "
+                "backend)", _build, options=(LookaheadOptions,), runs_alone=True),
+)

@@ -28,6 +28,7 @@ import torch
 from specdec.option_fields import flagged, positive_int
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
+from specdec.proposers.entry import Build, MethodEntry
 
 TIE_BREAKS = ("recent", "random")
 
@@ -37,6 +38,7 @@ class NgramOptions:
     """Prompt lookup (--method ngram, ngram+draft): the longest suffix tried first, the shortest that
     still counts, and which of equally long continuations to copy. Each field is its own flag."""
 
+    GROUP: ClassVar[str] = "ngram"
     TITLE: ClassVar[str] = "n-gram lookup"
     max: int = flagged(3, "longest suffix to look up; tried first (default: 3)", parse=positive_int)
     min: int = flagged(1, "shortest suffix that still counts as a match (default: 1)", parse=positive_int)
@@ -255,3 +257,15 @@ class NgramProposer(Proposer):
             self.reset()
             new = token_ids[0].tolist()
         self.index.extend(new)
+
+
+def _build(build: Build) -> Proposer:
+    options = build.option(NgramOptions)
+    return build.per_row(lambda: NgramProposer(options.max, options.min, options.tie_break,
+                                               follow_match=build.adaptive))
+
+
+METHOD_ENTRIES = (
+    MethodEntry("ngram", "prompt lookup / LLMA: copy what followed the last n tokens earlier in the context; "
+                "no draft model", _build, options=(NgramOptions,), replayable=True, beside_any=True),
+)

@@ -7,13 +7,17 @@ declares, in its pyproject.toml,
     [project.entry-points."specdec.methods"]
     toy = "my_package.toy:METHOD"
 
-where METHOD is a PluginMethod (docs/methods.md, "Write your own proposer", has the whole example).
+where METHOD is a PluginMethod (a name, a line of help and a function that makes the proposer), or,
+for a method with options of its own, a MethodEntry (entry.py) as the shipped methods declare theirs:
+its options dataclass's flagged fields then become command-line flags and a SpecConfig option group
+(docs/methods.md, "Write your own proposer", has both).
 Entry points are read once, when specdec.proposers.registry is imported. Exactness is the engine's:
 a plug-in only proposes; the engine verifies every draft with the same rule as for a shipped method.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -21,6 +25,7 @@ from importlib.metadata import entry_points
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer, RowwiseProposer
+from specdec.proposers.entry import MethodEntry
 
 ENTRY_POINT_GROUP = "specdec.methods"
 
@@ -40,22 +45,33 @@ class PluginMethod:
     needs_draft_model: bool = False
 
 
-def discover(shipped: set[str]) -> dict[str, PluginMethod]:
+def discover(shipped: set[str]) -> dict[str, PluginMethod | MethodEntry]:
     """Every installed plug-in method by name. A broken or clashing plug-in raises a clear error
     naming its entry point: it must not silently change what a method name means."""
-    found: dict[str, PluginMethod] = {}
+    found: dict[str, PluginMethod | MethodEntry] = {}
     for point in entry_points(group=ENTRY_POINT_GROUP):
         where = f"entry point {point.name!r} ({point.value}) in group {ENTRY_POINT_GROUP!r}"
         try:
             method = point.load()
         except Exception as error:  # any import failure of someone else's package
             raise ImportError(f"cannot load the specdec method plug-in {where}: {error}") from error
-        if not isinstance(method, PluginMethod):
-            raise TypeError(f"{where} must name a specdec.proposers.plugins.PluginMethod, got {type(method).__name__}")
+        if not isinstance(method, (PluginMethod, MethodEntry)):
+            raise TypeError(f"{where} must name a specdec.proposers.plugins.PluginMethod or a "
+                            f"specdec.proposers.entry.MethodEntry, got {type(method).__name__}")
         if method.name in shipped or method.name in found or method.name == "auto":
             raise ValueError(f"{where}: method name {method.name!r} is already taken")
         found[method.name] = method
     return found
+
+
+def plugin_entry(method: PluginMethod | MethodEntry) -> MethodEntry:
+    """The registry's entry for a plug-in: a MethodEntry as given (marked a plug-in), or a PluginMethod's;
+    a model-free plug-in is replayable."""
+    if isinstance(method, MethodEntry):
+        return dataclasses.replace(method, description=f"{method.description} (plug-in)", plugin=True)
+    return MethodEntry(method.name, f"{method.description} (plug-in)",
+                       lambda build: build_plugin(method, build.slots, build.draft_runner),
+                       needs_draft_model=method.needs_draft_model, plugin=True, replayable=not method.needs_draft_model)
 
 
 def build_plugin(method: PluginMethod, slots: int, draft_runner: ModelRunner | None) -> Proposer | BatchProposer:

@@ -33,7 +33,7 @@ import functools
 import json
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -49,6 +49,7 @@ from specdec.proposers.batched import RowwiseProposer, pad_proposals
 from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
                                                StepCandidates, best_by_length, choose_draft, choose_tree,
                                                hazard_rows, sigmoid, step_candidates)
+from specdec.proposers.entry import Build, MethodEntry
 from specdec.proposers.tenants import PerTenant
 
 # Earlier prompts and answers searched per tenant: every step scans them (its time: benchmarks/RESULTS.md,
@@ -86,6 +87,7 @@ class CopyOptions:
     """--method copy's knobs, checked when built (before any model loads): the scorer file is read.
     Each field is its own flag."""
 
+    GROUP: ClassVar[str] = "copy"
     TITLE: ClassVar[str] = "scored copying"
     scorer: str | None = flagged(
         None, "the fitted score it chooses by, as `specdec replay RUN --fit FILE` writes it from your own "
@@ -533,3 +535,22 @@ class ScoredCopyProposer(Proposer):
             self._tokens = grown
         self._tokens[self._length:self._length + len(new)] = new
         self._length += len(new)
+
+
+def scored_copy_maker(options: CopyOptions) -> Callable[[], ScoredCopyProposer]:
+    """Scored copying's rows: one scorer, one cost curve and one corpus per tenant, shared by the rows."""
+    scorer, costs, corpora = load_scorer(options.scorer), options.new_step_costs(), options.new_tenant_corpora()
+    return lambda: ScoredCopyProposer(scorer, corpora, costs, trees=options.trees)
+
+
+def _build(build: Build) -> Proposer | ScoredCopyRows:
+    make = scored_copy_maker(build.option(CopyOptions))
+    return make() if build.slots == 1 else ScoredCopyRows(make, build.slots)
+
+
+METHOD_ENTRIES = (
+    MethodEntry("copy", "scored copying: every continuation this request and earlier ones offer, each token's "
+                "acceptance estimated by a fitted score, the candidate and length with the most tokens per "
+                "second under the machine's measured costs; no draft model", _build, options=(CopyOptions,),
+                replayable=True, beside_any=True),
+)

@@ -46,6 +46,7 @@ import torch
 from specdec.option_fields import flagged, non_negative_int, positive_float, positive_int, probability
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
+from specdec.proposers.entry import Build, MethodEntry
 from specdec.proposers.tenants import PerTenant
 
 DEFAULT_MAX_DEPTH = 24  # vLLM's suffix_decoding_max_tree_depth
@@ -61,6 +62,7 @@ DEFAULT_MIN_TOKEN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
 class SuffixOptions:
     """--method suffix's knobs, checked when built (before any model loads); each field is its own flag."""
 
+    GROUP: ClassVar[str] = "suffix"
     TITLE: ClassVar[str] = "suffix decoding"
     cache_requests: int = flagged(
         DEFAULT_CACHE_REQUESTS, "earlier requests whose outputs the shared suffix cache keeps, oldest evicted "
@@ -390,3 +392,16 @@ def _best_path(draft: SuffixDraft) -> tuple[list[int], list[int]]:
         node = first_child[node]
         path.append(draft.token_ids[node])
     return path, list(range(-1, len(path) - 1))
+
+
+def _build(build: Build) -> Proposer:
+    options = build.option(SuffixOptions)
+    cache = options.new_tenant_caches()  # one per tenant, shared by the rows
+    return build.per_row(lambda: SuffixProposer(cache, options))
+
+
+METHOD_ENTRIES = (
+    MethodEntry("suffix", "suffix decoding: frequency-scored draft trees from suffix trees over this request and "
+                "earlier requests' outputs (a cache shared across requests); no draft model", _build,
+                options=(SuffixOptions,), replayable=True, beside_any=True),
+)
