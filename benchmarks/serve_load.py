@@ -149,6 +149,8 @@ async def run_level(url: str, prompts: list[str], clients: int, max_tokens: int,
         "latency_p90_s": percentile([r["latency_s"] for r in rows], 90),
         "latency_p99_s": percentile([r["latency_s"] for r in rows], 99),
         "per_request_tok_s_p50": statistics.median(r["tokens"] / r["latency_s"] for r in rows),
+        # After each request's first token: what speculation can speed up (the prefill it cannot).
+        "decode_tok_s": sum(r["tokens"] - 1 for r in rows) / max(sum(r["latency_s"] - r["ttft_s"] for r in rows), 1e-9),
         "mean_accepted_length": statistics.fmean(r["mean_accepted_length"] for r in rows),
         "texts": [r["text"] for r in rows],
     }
@@ -158,7 +160,7 @@ def median_row(rows: list[dict]) -> dict:
     """Medians over repeats of every timing; counts and texts from the first repeat."""
     merged = dict(rows[0])
     for key in ("wall_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "latency_p50_s", "latency_p90_s",
-                "latency_p99_s", "per_request_tok_s_p50", "mean_accepted_length"):
+                "latency_p99_s", "per_request_tok_s_p50", "decode_tok_s", "mean_accepted_length"):
         if all(key in row for row in rows):
             merged[key] = statistics.median(row[key] for row in rows)
     merged["throughput_by_repeat"] = [row["throughput_tok_s"] for row in rows]
@@ -169,8 +171,8 @@ def render(levels: dict[str, list[dict]]) -> str:
     """One row per (clients, setup); ratios against plain decoding at the same concurrency."""
     plain = {row["clients"]: row for row in levels["plain"]}
     lines = ["| clients | setup | requests | throughput tok/s | vs plain (per repeat) | latency p50 | p99 | "
-             "TTFT p50 | p99 | per-request tok/s p50 | tau | same text as plain |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "TTFT p50 | p99 | per-request tok/s p50 | decode tok/s per request (vs plain) | tau | same text as plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for clients in plain:
         for label, rows in levels.items():
             row = next(r for r in rows if r["clients"] == clients)
@@ -183,8 +185,17 @@ def render(levels: dict[str, list[dict]]) -> str:
                 f"{statistics.median(ratios):.2f}x{spread} | {row['latency_p50_s']:.1f} s | "
                 f"{row.get('latency_p99_s', row['latency_p90_s']):.1f} s | {row['ttft_p50_s']:.1f} s | "
                 f"{row.get('ttft_p99_s', float('nan')):.1f} s | {row['per_request_tok_s_p50']:.2f} | "
+                f"{_decode(row, base)} | "
                 f"{row['mean_accepted_length']:.2f} | {same}/{min(len(base['texts']), len(row['texts']))} |")
     return "\n".join(lines)
+
+
+def _decode(row: dict, base: dict) -> str:
+    """Each request's tokens after its first over its time after its first, summed over requests: the
+    decode speed speculation changes (runs before it was recorded: n/a)."""
+    if "decode_tok_s" not in row or "decode_tok_s" not in base:
+        return "n/a"
+    return f"{row['decode_tok_s']:.2f} ({row['decode_tok_s'] / base['decode_tok_s']:.2f}x)"
 
 
 def plot(levels: dict[str, list[dict]], path: Path) -> None:
