@@ -36,6 +36,7 @@ def add_serve_command(sub) -> None:
     import argparse
 
     from specdec.cli_options import add_method_args, add_model_args, positive_int
+    from specdec.proposers.registry import BESIDE_ANY_METHOD, RUNS_ALONE
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with speculative decoding and batching",
                            epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,8 +78,8 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--request-methods", default="auto", metavar="LIST|auto|none",
                        help="the methods a request may choose besides --method, in the body's `speculative` "
                             "object (e.g. {\"speculative\": {\"method\": \"ngram\", \"k\": 4}}; k 0 = plain): "
-                            "auto (default) = every one that needs no model but the target (autoregressive, ngram, "
-                            "suffix, copy; none beside a head or lookahead), none = --method only, or a "
+                            f"auto (default) = every one that needs no model but the target ({', '.join(BESIDE_ANY_METHOD)}; "
+                            f"none beside {', '.join(RUNS_ALONE)}), none = --method only, or a "
                             "comma-separated list. Each is built when first asked for; the output is the same "
                             "whichever a request picks, only its speed changes")
     limits = serve.add_argument_group("limits (docs/security.md): what one request may cost")

@@ -45,6 +45,7 @@ AUTO_METHOD = "auto"  # --method's default: resolved per device by default_metho
 # Methods a request may choose beside any server's own (per_request.py): they need no model but the
 # target, read none of its features and add no tokens to its forward.
 BESIDE_ANY_METHOD = tuple(name for name, entry in ENTRIES.items() if entry.beside_any)
+RUNS_ALONE = tuple(name for name, entry in ENTRIES.items() if entry.runs_alone)  # beside none of them
 DEFAULT_TREE_SIZE = {name: entry.default_tree_size for name, entry in ENTRIES.items()
                      if entry.default_tree_size is not None}
 TREE_METHODS = tuple(DEFAULT_TREE_SIZE)  # the methods --tree-size sizes
