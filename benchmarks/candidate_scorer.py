@@ -39,7 +39,9 @@ from specdec.bench.harness import read_results, recorded_options
 from specdec.config import SpecConfig
 from specdec.factory import proposer_for
 from specdec.planning.costs import interpolated, tree_cost_ratios
-from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts, load_scorer
+from specdec.proposers.copy_candidates import load_scorer
+from specdec.proposers.scored_copy import ScoredCopyProposer
+from specdec.proposers.step_costs import StepCosts
 from specdec.proposers.suffix import SuffixOptions
 
 RUNS = ("benchmarks/results/agent-loop-zen3", "benchmarks/results/suffix/agentic-stream.jsonl",

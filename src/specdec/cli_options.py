@@ -235,8 +235,10 @@ def options_from_args(args: argparse.Namespace, recorded: dict[str, dict] | None
         fields = {name: value for name, value in ((recorded or {}).get(group_name) or {}).items() if name in known}
         for field, _ in flags_of(options):
             given = getattr(args, f"{group_name}_{field.name}", None)
-            if given is not None or (recorded is None and field.name not in fields):
-                fields[field.name] = field.default if given is None else given
+            if given is not None:
+                fields[field.name] = given
+            elif recorded is None:
+                fields[field.name] = field.default
         built[group_name] = options(**fields)
     return built
 

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from specdec.models.native.linear import QUANTIZATIONS
+from specdec.option_fields import is_int
 from specdec.proposers.draft_model import DEFAULT_CONFIDENCE
 from specdec.proposers.head_methods import HeadOptions
 from specdec.proposers.ngram import NgramOptions
@@ -59,15 +60,15 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.method != AUTO_METHOD:
             check_method(self.method)
-        if self.k != "auto" and (not _is_int(self.k) or self.k < 1):
+        if self.k != "auto" and (not is_int(self.k) or self.k < 1):
             raise ValueError(f"k must be an integer >= 1 or 'auto', got {self.k!r}")
-        if not _is_int(self.max_k) or self.max_k < 1:
+        if not is_int(self.max_k) or self.max_k < 1:
             raise ValueError(f"max_k must be an integer >= 1, got {self.max_k!r}")
         if not 0.0 <= self.draft_confidence < 1.0:
             raise ValueError(f"the draft confidence threshold must lie in [0, 1), got {self.draft_confidence!r}")
-        if self.draft_k is not None and (not _is_int(self.draft_k) or self.draft_k < 1):
+        if self.draft_k is not None and (not is_int(self.draft_k) or self.draft_k < 1):
             raise ValueError(f"draft_k must be an integer >= 1 or None, got {self.draft_k!r}")
-        if self.draft_vocab is not None and (not _is_int(self.draft_vocab) or self.draft_vocab < 1):
+        if self.draft_vocab is not None and (not is_int(self.draft_vocab) or self.draft_vocab < 1):
             raise ValueError(f"draft_vocab must be an integer >= 1 or None, got {self.draft_vocab!r}")
         for name, value, choices in (("quantize", self.quantize, ("auto", *QUANTIZATIONS)),
                                      ("draft_quantize", self.draft_quantize, ("auto", *QUANTIZATIONS)),
@@ -153,10 +154,6 @@ def _checked_options(options) -> tuple:
             raise ValueError(f"options holds two {type(given).__name__}s: give one per group")
         seen.add(group)
     return tuple(sorted((given for given in options if given != type(given)()), key=lambda given: type(given).GROUP))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "HeadOptions", "METHODS", "NgramOptions", "SpecConfig"]

@@ -40,6 +40,11 @@ def flags_of(options: type) -> list[tuple[dataclasses.Field, Flag]]:
     return [(f, f.metadata["flag"]) for f in dataclasses.fields(options) if "flag" in f.metadata]
 
 
+def is_int(value) -> bool:
+    """An int, not a bool (True is an int to Python, not a count to a user)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 # ---- argparse types ----------------------------------------------------------------------------
 
 

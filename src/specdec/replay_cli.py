@@ -101,7 +101,8 @@ def cmd_replay(args) -> int:
     from specdec.bench.harness import read_results, recorded_options
     from specdec.cli_options import options_from_args
     from specdec.proposers.registry import ENTRIES, build_proposer
-    from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
+    from specdec.proposers.scored_copy import ScoredCopyProposer
+    from specdec.proposers.step_costs import StepCosts
 
     path = results_path(args.results)
     if not path.exists():
@@ -166,7 +167,7 @@ def _copy_scorer(args, header: dict, rows: list[dict], k: int):
     """--fit's scorer (written to its file), --copy-scorer's, or the shipped one."""
     from specdec.analysis.candidates import fit_scorer
     from specdec.analysis.replay import recorded_turns
-    from specdec.proposers.scored_copy import load_scorer
+    from specdec.proposers.copy_candidates import load_scorer
 
     if args.fit is None:
         return load_scorer(args.copy_scorer)

@@ -176,7 +176,8 @@ def test_the_live_proposer_drafts_what_the_offline_chooser_chooses(stream):
     """--method copy replayed (without its online calibration, which the walk lacks) equals the
     analysis' walk with the same scorer and costs: the fit measured offline is what runs."""
     from specdec.analysis.replay import replay
-    from specdec.proposers.scored_copy import ScoredCopyProposer, StepCosts
+    from specdec.proposers.scored_copy import ScoredCopyProposer
+    from specdec.proposers.step_costs import StepCosts
 
     rng = np.random.default_rng(6)
     turns = [turn(rng.integers(0, 6, 30).tolist(), rng.integers(0, 6, 40).tolist(), qid=str(i)) for i in range(4)]

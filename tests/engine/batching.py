@@ -12,7 +12,9 @@ from specdec.proposers.copy_draft import CopyThenDraftProposer
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW, NgramThenDraftProposer
 from specdec.proposers.lookahead import LookaheadProposer
 from specdec.proposers.registry import build_proposer
-from specdec.proposers.scored_copy import CopyCorpus, CopyOptions, ScoredCopyProposer, StepCosts
+from specdec.proposers.copy_corpus import CopyCorpus
+from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer
+from specdec.proposers.step_costs import StepCosts
 from specdec.proposers.suffix import SuffixOptions, SuffixProposer
 
 PROMPTS = ["the quick brown fox", "a", "hello hello hello hello", "abc abc abc, abc abc", "why? because.",

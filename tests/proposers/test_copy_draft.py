@@ -15,7 +15,9 @@ from specdec.proposers.copy_draft import CopyThenDraftProposer, DraftRecord
 from specdec.proposers.draft_model import DraftModelProposer
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW
 from specdec.proposers.registry import build_proposer
-from specdec.proposers.scored_copy import CopyCorpus, ScoredCopyProposer, StepCosts
+from specdec.proposers.copy_corpus import CopyCorpus
+from specdec.proposers.scored_copy import ScoredCopyProposer
+from specdec.proposers.step_costs import StepCosts
 from specdec.sampling import SamplingParams
 
 REPETITIVE = "the cat sat on the mat. the cat sat on the"

@@ -13,10 +13,11 @@ from conftest import make_model, make_native
 from specdec.engine import SpecEngine
 from specdec.proposers.base import ProposeContext
 from specdec.proposers.copy_candidates import (HAZARD_FEATURES, LogisticScorer, best_by_length, choose_draft, hazard_rows,
-                                               step_candidates)
+                                               load_scorer, shipped_scorer_data, step_candidates)
+from specdec.proposers.copy_corpus import CopyCorpus, TenantCopyCorpora
 from specdec.proposers.registry import build_proposer
-from specdec.proposers.scored_copy import (CopyCorpus, CopyOptions, ScoredCopyProposer, StepCosts, TenantCopyCorpora,
-                                           load_scorer, shipped_scorer_data)
+from specdec.proposers.scored_copy import CopyOptions, ScoredCopyProposer
+from specdec.proposers.step_costs import StepCosts
 from specdec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -38,9 +38,11 @@ curve decides how far a guess is worth verifying.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -239,6 +241,26 @@ class LogisticScorer:
         except OSError as error:
             raise ValueError(f"cannot read the copy scorer {path}: {error}") from error
         return cls.from_json(text, str(path))
+
+
+_SHIPPED = "copy_scorer.json"
+
+
+@functools.cache
+def _shipped_text() -> str:
+    return resources.files("specdec.data").joinpath(_SHIPPED).read_text()
+
+
+def shipped_scorer_data() -> dict:
+    """The scorer and cost prior that ship with specdec (data/copy_scorer.json; read once)."""
+    return json.loads(_shipped_text())
+
+
+def load_scorer(path: str | Path | None = None) -> LogisticScorer:
+    """A scorer written by `specdec replay --fit` (None: the one that ships)."""
+    if path is None:
+        return LogisticScorer.from_json(_shipped_text(), "the shipped copy scorer")
+    return LogisticScorer.load(path)
 
 
 def survival(step: StepCandidates, hazard: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -43,7 +43,8 @@ from specdec.proposers.batched import BatchProposer, RowwiseProposer, pad_propos
 from specdec.proposers.draft_model import DEFAULT_CONFIDENCE, DraftModelProposer, draft_model_for
 from specdec.proposers.entry import Build, MethodEntry
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW
-from specdec.proposers.scored_copy import CopyOptions, CopyPlan, StepCosts, scored_copy_maker
+from specdec.proposers.scored_copy import CopyOptions, CopyPlan, scored_copy_maker
+from specdec.proposers.step_costs import StepCosts
 
 PROBE_AFTER = 8  # steps without the draft model before it is probed again where copying offers nothing
 PROBE_CAP = 256  # the longest wait between probes of a draft model that keeps losing

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from specdec.option_fields import is_int
 from specdec.proposers.base import Proposer
-from specdec.proposers.batched import BatchProposer, RowwiseProposer
+from specdec.proposers.batched import BatchProposer
 from specdec.proposers.entry import Build, MethodEntry
 
 DEFAULT_TREE_SIZE = 10
@@ -32,14 +33,10 @@ class HeadOptions:
     tree_topk: int = 4
 
     def __post_init__(self) -> None:
-        if self.tree_size not in (None, "auto") and (not _is_int(self.tree_size) or self.tree_size < 0):
+        if self.tree_size not in (None, "auto") and (not is_int(self.tree_size) or self.tree_size < 0):
             raise ValueError(f"tree_size must be an integer >= 0, 'auto' or None, got {self.tree_size!r}")
-        if not _is_int(self.tree_topk) or self.tree_topk < 1:
+        if not is_int(self.tree_topk) or self.tree_topk < 1:
             raise ValueError(f"tree_topk must be an integer >= 1, got {self.tree_topk!r}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _build(kind: str, tree: bool):
@@ -52,11 +49,9 @@ def _build(kind: str, tree: bool):
             raise ValueError("--tree-size auto weighs one request's verification costs; the server verifies many "
                              "rows in one forward: give it a number (--tree-size N)")
 
-        def make() -> Proposer:
-            return _head_proposer(build, kind, tree, size, options.tree_topk)
-
-        first = make()  # the clear errors, before copies
-        return first if build.slots == 1 else RowwiseProposer(make, build.slots)
+        # Every row's proposer is made here (RowwiseProposer makes them all at once): a missing or
+        # mismatched head is a clear error now.
+        return build.per_row(lambda: _head_proposer(build, kind, tree, size, options.tree_topk))
 
     return build
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import specdec.proposers
 from specdec.models.runner import ModelRunner
+from specdec.option_fields import is_int
 from specdec.proposers.batched import BatchProposer
 from specdec.proposers.base import Proposer
 from specdec.proposers.entry import Build, MethodEntry
@@ -145,7 +146,7 @@ def check_proposer_options(method: str, *, draft_k: int | None = None, draft_con
     """Validate before any model is loaded, so a typo costs no load time: the method, the draft model's
     knobs, and each options group (group name -> an instance of its dataclass, which checked itself)."""
     check_method(method)
-    if draft_k is not None and (isinstance(draft_k, bool) or not isinstance(draft_k, int) or draft_k < 1):
+    if draft_k is not None and (not is_int(draft_k) or draft_k < 1):
         raise ValueError(f"draft_k must be an integer >= 1 or None, got {draft_k!r}")
     if draft_confidence is not None and not 0.0 <= draft_confidence < 1.0:
         raise ValueError(f"the draft confidence threshold must lie in [0, 1), got {draft_confidence!r}")

@@ -9,12 +9,12 @@ one, or the wrong length (docs/architecture.md, "Scored copying"). Here the choi
 
   candidates   copy_candidates.step_candidates: every earlier occurrence of the context's tail in
                this request's prompt and answer so far, and in this tenant's earlier prompts and
-               answers (CopyCorpus), one candidate per distinct continuation, with its features.
+               answers (copy_corpus.CopyCorpus), one candidate per distinct continuation, with its features.
   score        a logistic hazard per drafted depth (copy_candidates.LogisticScorer), fitted on
                recorded greedy answers by `specdec replay --fit`; the package ships one
                (data/copy_scorer.json, which says what it was fitted on).
   choice       copy_candidates.choose_draft: the candidate and length maximising
-               (1 + expected accepted) / cost(1 + drafted), or no draft. cost is StepCosts: the
+               (1 + expected accepted) / cost(1 + drafted), or no draft. cost is step_costs.StepCosts: the
                engine's measured verification times (one-row steps), a prior curve until two
                forward sizes are measured.
   calibration  Calibration: the request's own intercept on the score's logit, fitted online from its
@@ -29,57 +29,24 @@ not second-guess the length.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import torch
 
 from specdec.option_fields import flagged, non_negative_int
-from specdec.planning.costs import RecentTimes, cost_ratios, interpolated, tree_cost_ratios
+from specdec.planning.costs import cost_ratios, interpolated, tree_cost_ratios
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, chain_or_tree, committed_since
 from specdec.proposers.batched import RowwiseProposer, pad_proposals
-from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, SEPARATOR, CostFn, LogisticScorer,
-                                               StepCandidates, best_by_length, choose_draft, choose_tree,
-                                               hazard_rows, sigmoid, step_candidates)
+from specdec.proposers.copy_candidates import (DEFAULT_DEPTH, DEFAULT_MOST, CostFn, LogisticScorer, StepCandidates,
+                                               best_by_length, choose_draft, choose_tree, hazard_rows, load_scorer,
+                                               sigmoid, step_candidates)
+from specdec.proposers.copy_corpus import DEFAULT_CORPUS_TOKENS, CopyCorpus, TenantCopyCorpora, check_corpus_tokens
 from specdec.proposers.entry import Build, MethodEntry
-from specdec.proposers.tenants import PerTenant
-
-# Earlier prompts and answers searched per tenant: every step scans them (its time: benchmarks/RESULTS.md,
-# "Scored copying live: --method copy against ngram, suffix and llama.cpp (issue 60)").
-DEFAULT_CORPUS_TOKENS = 65_536
-_SHIPPED = "copy_scorer.json"
-
-
-@functools.cache
-def _shipped_text() -> str:
-    return resources.files("specdec.data").joinpath(_SHIPPED).read_text()
-
-
-def shipped_scorer_data() -> dict:
-    """The scorer and cost prior that ship with specdec (data/copy_scorer.json; read once)."""
-    return json.loads(_shipped_text())
-
-
-def load_scorer(path: str | Path | None = None) -> LogisticScorer:
-    """A scorer written by `specdec replay --fit` (None: the one that ships)."""
-    if path is None:
-        return LogisticScorer.from_json(_shipped_text(), "the shipped copy scorer")
-    return LogisticScorer.load(path)
-
-
-def prior_cost() -> CostFn:
-    """The cost curve assumed until the engine has measured its own: the shipped file's (a forward
-    of n tokens over a 1-token step)."""
-    ratio = shipped_scorer_data()["cost prior"]["ratio"]
-    return interpolated(sorted((int(n), float(r)) for n, r in ratio.items()))
+from specdec.proposers.step_costs import StepCosts
 
 
 @dataclass(frozen=True)
@@ -97,13 +64,10 @@ class CopyOptions:
         DEFAULT_CORPUS_TOKENS, "earlier requests' prompts and answers it also copies from, per tenant, newest kept "
         f"(default: {DEFAULT_CORPUS_TOKENS}; 0 = each request copies from itself only)", parse=non_negative_int,
         metavar="N")
-    # Fixed costs: a seeded sampled run drafts, hence draws, the same every time.
     costs: str | None = flagged(
         None, "choose draft lengths by this `specdec costs` table instead of the engine's measured step times: a "
         "seeded sampled run then drafts, hence draws, the same every time (a table written with --trees also "
         "prices --copy-trees' trees)", parse=str, metavar="FILE")
-    # They pay on a GPU-like flat curve, barely on a CPU's (benchmarks/RESULTS.md, "Trees of copies: where they pay
-    # (issue 60, item 2)").
     trees: bool = flagged(
         False, "verify a tree of the candidates that diverge after a shared prefix, as large as the cost curve pays "
         "for (native backend); pays where many tokens verify for about one's cost (a GPU), barely on a CPU "
@@ -111,7 +75,7 @@ class CopyOptions:
         "measured cost")
 
     def __post_init__(self) -> None:
-        _check_corpus_tokens(self.corpus_tokens)
+        check_corpus_tokens(self.corpus_tokens)
         if self.scorer is not None:
             load_scorer(self.scorer)  # a clear error now, not after loading a model
         if self.costs is not None:
@@ -126,142 +90,6 @@ class CopyOptions:
 
     def new_tenant_corpora(self) -> TenantCopyCorpora:
         return TenantCopyCorpora(self.corpus_tokens)
-
-
-class StepCosts:
-    """Verification cost over a 1-token step, by tokens in the forward: the engine's own medians
-    (planning/costs.RecentTimes, fed one-row steps by engine/step.py's record_step_costs) once
-    forwards of two sizes were measured, the prior before; measured=False: the prior always (a
-    fixed table). One per engine: every row shares it.
-
-    Trees are timed apart (tree_cost): on a CPU a forward costs what its rows do whatever their
-    shape, but on a GPU a tree's step gathers each node's keys and costs more than a chain's of as
-    many tokens (benchmarks/RESULTS.md, "Trees on a GPU: the prefix read in place"). Until a tree
-    step is measured (or where the fixed table times none), a tree costs the chain curve's price."""
-
-    def __init__(self, prior: CostFn | None = None, window: int = 64, measured: bool = True,
-                 tree_prior: CostFn | None = None) -> None:
-        self.prior = prior or prior_cost()
-        self.tree_prior = tree_prior
-        self.times = RecentTimes(window)
-        self.tree_times = RecentTimes(window)
-        self.batch_times = RecentTimes(window)  # steps of several rows, by the forward's tokens
-        self.measured = measured
-        self._one_token: deque[float] = deque(maxlen=window)  # 1-token steps' seconds, kept even for a fixed table
-        self._curves: tuple[CostFn, CostFn | None] | None = (self.prior, tree_prior)  # rebuilt after a record
-
-    def record(self, tokens: int, seconds: float, tree: bool = False) -> None:
-        if tokens == 1:
-            self._one_token.append(seconds)
-        if self.measured:
-            (self.tree_times if tree else self.times).add(tokens, seconds)
-            self._curves = None
-
-    def cost(self, tokens: int) -> float:
-        return self._current()[0](tokens)
-
-    def record_batch(self, tokens: int, seconds: float) -> None:
-        """A step of several rows: its forward's tokens (rows x width) and its time."""
-        if self.measured:
-            self.batch_times.add(tokens, seconds)
-
-    def batch_cost(self) -> CostFn:
-        """The cost of a several-row forward by its tokens, in any one unit (a batch compares widths
-        of the same rows): its measured times once two sizes were seen, else the chain curve. A
-        batch's forward reads every row's context, so it costs more than one row's of as many tokens."""
-        if len({x for x, _ in self.batch_times.samples}) >= 2:
-            seconds = self.batch_times.predictor()
-            return lambda tokens: max(seconds(tokens), 1e-9)
-        return self.cost
-
-    def step_seconds(self) -> float | None:
-        """A 1-token step's time on this machine (the median of the recent ones), None before one was
-        timed: what prices another source's seconds (a draft model's) in steps."""
-        return statistics.median(self._one_token) if self._one_token else None
-
-    def tree_cost(self, tokens: int) -> float:
-        """A tree forward of `tokens` (nodes and the root) over a chain's 1-token step; never below
-        a chain's of as many tokens."""
-        chain, tree = self._current()
-        return chain(tokens) if tree is None else max(tree(tokens), chain(tokens))
-
-    def _current(self) -> tuple[CostFn, CostFn | None]:
-        if self._curves is None:  # a choice asks for many sizes: the medians once per recorded step
-            self._curves = self._measured_curves() or (self.prior, self.tree_prior)
-        return self._curves
-
-    @property
-    def chains_known(self) -> bool:
-        """Whether chains are priced by this machine's times (or a fixed table): until then a tree
-        is not drafted, since its price is judged against the chain's and a chain step of another
-        size than plain's is what measures that (trees winning from the first step would leave
-        both shapes priced by the prior, another machine's curve, for good)."""
-        return not self.measured or len({x for x, _ in self.times.samples}) >= 2
-
-    def _measured_curves(self) -> tuple[CostFn, CostFn | None] | None:
-        if not self.chains_known:
-            return None
-        seconds = self.times.predictor()
-        one = seconds(1)
-        if one <= 0:
-            return None
-        tree_seconds = self.tree_times.predictor()
-        tree = self.tree_prior if tree_seconds is None else (lambda tokens: tree_seconds(tokens) / one)
-        return (lambda tokens: max(seconds(tokens) / one, 1.0)), tree
-
-
-def _check_corpus_tokens(max_tokens: int) -> None:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ValueError(f"the copy corpus size must be an integer >= 0 tokens, got {max_tokens!r}")
-
-
-class CopyCorpus:
-    """Earlier requests' prompts and answers, newest last, at most max_tokens of them (the oldest
-    texts are dropped), joined by SEPARATORs for copy_candidates.step_candidates."""
-
-    def __init__(self, max_tokens: int = DEFAULT_CORPUS_TOKENS) -> None:
-        _check_corpus_tokens(max_tokens)
-        self.max_tokens = max_tokens
-        self._texts: deque[tuple[np.ndarray, int]] = deque()  # (tokens, source: 2 prompt, 3 answer)
-        self._size = 0
-        self._joined: tuple[np.ndarray, np.ndarray] | None = None
-
-    def __len__(self) -> int:
-        return len(self._texts)
-
-    def add(self, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
-        for text, source in ((prompt_ids, 2), (output_ids, 3)):
-            tokens = np.asarray(text, np.int64)[-self.max_tokens:] if self.max_tokens else np.zeros(0, np.int64)
-            if len(tokens):
-                self._texts.append((tokens, source))
-                self._size += len(tokens) + 1
-        while self._texts and self._size > self.max_tokens + len(self._texts):
-            tokens, _ = self._texts.popleft()
-            self._size -= len(tokens) + 1
-        self._joined = None
-
-    def clear(self) -> None:
-        self._texts.clear()
-        self._size = 0
-        self._joined = None
-
-    def joined(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(tokens, source of each): the texts, each followed by a SEPARATOR; (None, None) when empty."""
-        if not self._texts:
-            return None, None
-        if self._joined is None:
-            self._joined = (np.concatenate([np.append(t, SEPARATOR) for t, _ in self._texts]),
-                            np.concatenate([np.full(len(t) + 1, s) for t, s in self._texts]))
-        return self._joined
-
-
-class TenantCopyCorpora(PerTenant[CopyCorpus]):
-    """One CopyCorpus per tenant (proposers/tenants.py)."""
-
-    def __init__(self, max_tokens: int = DEFAULT_CORPUS_TOKENS) -> None:
-        _check_corpus_tokens(max_tokens)
-        super().__init__(lambda: CopyCorpus(max_tokens))
-        self.max_tokens = max_tokens
 
 
 class Calibration:
@@ -381,7 +209,7 @@ class LengthOffer:
     tokens, plan(d) its CopyPlan; least_width: the forward it needs at least (a seeded row's own)."""
 
     expected: np.ndarray
-    plan: object  # Callable[[int], CopyPlan]
+    plan: Callable[[int], CopyPlan]
     least_width: int = 1
 
 
