@@ -101,8 +101,7 @@ def cmd_replay(args) -> int:
     from specdec.bench.harness import read_results, recorded_options
     from specdec.cli_options import options_from_args
     from specdec.proposers.registry import ENTRIES, build_proposer
-    from specdec.proposers.scored_copy import ScoredCopyProposer
-    from specdec.proposers.step_costs import StepCosts
+    from specdec.proposers.scored_copy import CopyOptions
 
     path = results_path(args.results)
     if not path.exists():
@@ -142,11 +141,12 @@ def cmd_replay(args) -> int:
         draft = load_model(args.draft, quantize=args.draft_quantize, head_vocab=args.draft_vocab, role="draft")
         runner, vocab_size = CountingRunner(draft.runner), draft.runner.vocab_size
         oracles = DraftOracles(draft.runner, vocab_size, cost, draft_cost)
-    proposers = {method: (lambda method=method: build_proposer(method, draft_runner=runner, **options))
+    if "copy" in methods:  # the scorer it chooses by: --fit's, --copy-scorer's or the shipped one
+        options["copy"] = CopyOptions(scorer=_copy_scorer(args, header, rows, ks[0]))
+    # A method that sizes drafts by step costs prices them as the replay does (nothing is timed here).
+    proposers = {method: (lambda method=method: build_proposer(method, draft_runner=runner, replay_cost=cost,
+                                                                **options))
                  for method in methods}
-    if "copy" in methods:  # it sizes drafts by the costs replayed (no engine measures any here)
-        scorer = _copy_scorer(args, header, rows, ks[0])
-        proposers["copy"] = lambda: ScoredCopyProposer(scorer, step_costs=StepCosts(prior=cost))
     report = replay_rows(rows, proposers, ks, bool(header.get("stream")), cost, draft_cost=draft_cost,
                          max_new_tokens=header.get("max_new_tokens"), vocab_size=vocab_size, forwards=runner,
                          oracles=oracles)
@@ -163,14 +163,13 @@ def cmd_replay(args) -> int:
     return 0
 
 
-def _copy_scorer(args, header: dict, rows: list[dict], k: int):
-    """--fit's scorer (written to its file), --copy-scorer's, or the shipped one."""
+def _copy_scorer(args, header: dict, rows: list[dict], k: int) -> str | None:
+    """The file of copy's scorer: --fit's (fitted and written here), --copy-scorer's, or None (the shipped one)."""
     from specdec.analysis.candidates import fit_scorer
     from specdec.analysis.replay import recorded_turns
-    from specdec.proposers.copy_candidates import load_scorer
 
     if args.fit is None:
-        return load_scorer(args.copy_scorer)
+        return args.copy_scorer
     turns = recorded_turns(rows)
     if not turns:
         raise ValueError("--fit needs greedy plain-decoding answers (bench runs autoregressive at --temperature 0)")
@@ -178,4 +177,4 @@ def _copy_scorer(args, header: dict, rows: list[dict], k: int):
     about["fitted on"] = [str(args.results)]
     Path(args.fit).write_text(scorer.to_json(**about))
     print(f"fitted copy's scorer on {about['steps']} steps of {about['turns']} answers -> {args.fit}")
-    return scorer
+    return args.fit

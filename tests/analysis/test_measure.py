@@ -5,7 +5,7 @@ import torch
 
 from conftest import make_model, make_native
 from specdec.analysis.machine_costs import forwards_per_model
-from specdec.analysis.measure import (ScoredText, StepCosts, acceptance_per_position, forward_costs, measure_alpha,
+from specdec.analysis.measure import (ScoredText, ForwardTimes, acceptance_per_position, forward_costs, measure_alpha,
                                       measure_step_costs, random_tree)
 from specdec.sampling.tree import tree_attention_mask
 from specdec.analysis.predicted import prediction_rows, render
@@ -65,7 +65,7 @@ def test_step_costs_are_measured_and_interpolated(models):
     costs = measure_step_costs(target, draft, context=16, verify_widths=(1, 3, 5), repeats=3)
     assert costs.target_step_s > 0 and costs.draft_step_s > 0 and costs.c > 0
     assert target.seq_len == 0  # the timing leaves the cache empty
-    fixed = StepCosts(16, 0.010, 0.002, {1: 0.010, 3: 0.012, 5: 0.016})
+    fixed = ForwardTimes(16, 0.010, 0.002, {1: 0.010, 3: 0.012, 5: 0.016})
     assert fixed.c == pytest.approx(0.2)
     assert fixed.verify_s(2) == 0.012 and fixed.verify_s(3) == pytest.approx(0.014) and fixed.verify_s(9) == 0.016
 
@@ -90,7 +90,7 @@ def test_a_random_tree_is_a_tree_in_topological_order():
 
 
 def test_predictions_sit_next_to_measurements():
-    costs = StepCosts(256, 0.080, 0.016, {1: 0.080, 3: 0.084, 5: 0.090})
+    costs = ForwardTimes(256, 0.080, 0.016, {1: 0.080, 3: 0.084, 5: 0.090})
     measured = {"code": {4: {"speedup": 1.8, "mean_accepted_length": 3.0}}}
     rows = prediction_rows({"code": {"alpha": 0.8}}, costs, [2, 4], measured)
     by_k = {row["k"]: row for row in rows}

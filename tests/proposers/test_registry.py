@@ -90,3 +90,22 @@ def test_lookahead_is_described_by_its_own_module_alone():
                     if '"lookahead"' in path.read_text() or "LookaheadOptions" in path.read_text())
     assert naming == ["proposers/lookahead.py"]
     assert ENTRIES["lookahead"].options == (LookaheadOptions,) and "lookahead" in option_groups()
+
+
+def test_every_proposer_is_built_by_its_own_module_or_the_registry():
+    """Replay, the factory and the server reach a proposer through build_proposer (replay's fixed
+    costs through Build.replay_cost): no module of specdec but a proposer's own constructs it (a
+    docstring's example may show a user doing so)."""
+    source = Path(__file__).resolve().parents[2] / "src" / "specdec"
+    proposer_modules = sorted((source / "proposers").glob("*.py"))
+    classes = {match: path.name for path in proposer_modules
+               for match in re.findall(r"^class (\w+Proposer)\b", path.read_text(), flags=re.M)}
+    assert "ScoredCopyProposer" in classes and "NgramProposer" in classes
+    def code(path: Path) -> str:
+        return "\n".join(line for line in path.read_text().splitlines()
+                         if not line.strip().startswith((">>>", "...")))
+
+    built_elsewhere = sorted(f"{path.relative_to(source)}: {name}" for path in source.rglob("*.py")
+                             if path.parent.name != "proposers" for name in classes
+                             if re.search(rf"\b{name}\(", code(path)))
+    assert built_elsewhere == []

@@ -89,7 +89,10 @@ def measure_alpha(target: ModelRunner, draft: ModelRunner, texts: list[ScoredTex
 
 
 @dataclass(frozen=True)
-class StepCosts:
+class ForwardTimes:
+    """A target's and a draft's measured forwards at one context (`specdec analyze`'s prediction
+    inputs); proposers/step_costs.StepCosts is the engine's running cost curve, a different thing."""
+
     context: int
     target_step_s: float  # one-token target decode step (median)
     draft_step_s: float  # one-token draft decode step (median)
@@ -194,7 +197,7 @@ def time_forward(runner: ModelRunner, context: int, width: int, repeats: int = 1
 
 
 def measure_step_costs(target: ModelRunner, draft: ModelRunner, context: int = 256,
-                       verify_widths: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9), repeats: int = 15) -> StepCosts:
+                       verify_widths: tuple[int, ...] = (1, 2, 3, 4, 5, 7, 9), repeats: int = 15) -> ForwardTimes:
     target_verify = {w: time_forward(target, context, w, repeats) for w in verify_widths}
-    return StepCosts(context=context, target_step_s=target_verify.get(1) or time_forward(target, context, 1, repeats),
+    return ForwardTimes(context=context, target_step_s=target_verify.get(1) or time_forward(target, context, 1, repeats),
                      draft_step_s=time_forward(draft, context, 1, repeats), target_verify_s=target_verify)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 
-from specdec.analysis.measure import StepCosts
+from specdec.analysis.measure import ForwardTimes
 from specdec.bench.report import is_fixed_k
 from specdec.planning.theory import expected_tokens_per_loop, optimal_k, walltime_speedup
 
 
-def prediction_rows(alpha: dict[str, dict], costs: StepCosts, ks: list[int],
+def prediction_rows(alpha: dict[str, dict], costs: ForwardTimes, ks: list[int],
                     measured: dict[str, dict[int, dict]] | None = None) -> list[dict]:
     """alpha: category -> {'alpha': ...}; measured: category -> k -> report stats (decode_speedup, tau)."""
     rows = []
@@ -56,7 +56,7 @@ def _fmt(value, pattern: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, pattern)
 
 
-def render(rows: list[dict], costs: StepCosts, temperature: float, markdown: bool = False) -> str:
+def render(rows: list[dict], costs: ForwardTimes, temperature: float, markdown: bool = False) -> str:
     header = ["category", "k", "alpha", "tau pred", "tau meas", "speedup Leviathan", "with costs", "measured*",
               "meas/Lev", "meas/costs", "best k"]
     body = [[r["category"], str(r["k"]), f"{r['alpha']:.3f}", f"{r['tau_predicted']:.2f}",

@@ -26,7 +26,9 @@ class Build:
     draft model (one cache row per slot) or None; adaptive: k is "auto"; draft_k, draft_confidence:
     the draft model's cap and stopping threshold; loaded_head, head_vocabulary: a trained head and the
     target's frozen embedding and output head, for the head methods; options: option group -> options
-    instance (each options dataclass's GROUP; a group not given reads its defaults)."""
+    instance (each options dataclass's GROUP; a group not given reads its defaults); replay_cost: a
+    replay's price of a forward of n tokens in steps (`specdec replay`: nothing is timed there, so a
+    method that sizes its drafts by step costs takes this as its fixed curve), None in an engine."""
 
     method: str
     slots: int = 1
@@ -37,6 +39,7 @@ class Build:
     loaded_head: object = None
     head_vocabulary: object = None
     options: Mapping[str, object] = field(default_factory=dict)
+    replay_cost: Callable[[int], float] | None = None
 
     def option(self, kind: type):
         """The options of `kind` (an options dataclass) this build was given, else its defaults."""

@@ -167,6 +167,7 @@ def build_proposer(
     draft_confidence: float | None = None,
     loaded_head=None,  # models.heads.LoadedHead, for the head methods
     head_vocabulary=None,  # models.heads.FrozenVocabulary: the target's embedding and output head
+    replay_cost=None,  # `specdec replay`'s price of an n-token forward, in steps (Build.replay_cost)
     **options,
 ) -> Proposer | BatchProposer | None:
     """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's), built by the
@@ -182,5 +183,5 @@ def build_proposer(
     """
     check_proposer_options(method, draft_k=draft_k, draft_confidence=draft_confidence, **options)
     build = Build(method, slots, draft_runner, adaptive, draft_k, draft_confidence, loaded_head, head_vocabulary,
-                  options)
+                  options, replay_cost)
     return ENTRIES[method].build(build)

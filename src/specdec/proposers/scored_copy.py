@@ -365,14 +365,16 @@ class ScoredCopyProposer(Proposer):
         self._length += len(new)
 
 
-def scored_copy_maker(options: CopyOptions) -> Callable[[], ScoredCopyProposer]:
-    """Scored copying's rows: one scorer, one cost curve and one corpus per tenant, shared by the rows."""
-    scorer, costs, corpora = load_scorer(options.scorer), options.new_step_costs(), options.new_tenant_corpora()
+def scored_copy_maker(options: CopyOptions, replay_cost: CostFn | None = None) -> Callable[[], ScoredCopyProposer]:
+    """Scored copying's rows: one scorer, one cost curve and one corpus per tenant, shared by the rows.
+    replay_cost: the replay's fixed cost curve (Build.replay_cost) in place of measured step times."""
+    scorer, corpora = load_scorer(options.scorer), options.new_tenant_corpora()
+    costs = options.new_step_costs() if replay_cost is None else StepCosts(replay_cost, measured=False)
     return lambda: ScoredCopyProposer(scorer, corpora, costs, trees=options.trees)
 
 
 def _build(build: Build) -> Proposer | ScoredCopyRows:
-    make = scored_copy_maker(build.option(CopyOptions))
+    make = scored_copy_maker(build.option(CopyOptions), build.replay_cost)
     return make() if build.slots == 1 else ScoredCopyRows(make, build.slots)
 
 
