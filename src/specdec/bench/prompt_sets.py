@@ -172,6 +172,30 @@ def agentic(name: str = "agentic") -> list[BenchPrompt]:
     return prompts
 
 
+def sharegpt(max_chars: int = 2000, max_turns: int = 2) -> list[BenchPrompt]:
+    """ShareGPT's held-out conversations (training/sharegpt.py: never trained on), their first
+    max_turns user turns up to the first over max_chars (two, as MT-bench); "chat-code" where the
+    recorded answers hold a code block, else "chat"."""
+    from specdec.training.sharegpt import INSTALL, held_out_conversations
+
+    try:
+        conversations = held_out_conversations()
+    except ValueError:
+        raise ValueError(f"the sharegpt prompts are not installed: {INSTALL}") from None
+    prompts = []
+    for found in conversations:
+        turns = []
+        for role, text in found.turns:
+            if role == "user":
+                if len(text) > max_chars or len(turns) == max_turns:
+                    break
+                turns.append(text)
+        if turns:
+            code = any("```" in text for role, text in found.turns if role == "assistant")
+            prompts.append(BenchPrompt(f"sharegpt/{found.id}", "chat-code" if code else "chat", tuple(turns)))
+    return prompts
+
+
 PROMPT_SETS = {
     "humaneval": humaneval,
     "mt-bench": mt_bench,
@@ -180,6 +204,7 @@ PROMPT_SETS = {
     "code": lambda: _numbered("code", SUITES["code"]),
     "agentic": agentic,
     "agent-loop": lambda: agentic("agent-loop"),
+    "sharegpt": sharegpt,
 }
 DEFAULT_SETS = ("humaneval", "mt-bench", "specdec")
 

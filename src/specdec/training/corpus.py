@@ -1,7 +1,8 @@
-"""The text a draft head learns from: what ships with Python itself, shaped like chat answers.
+"""The text a draft head learns from by default: what ships with Python itself, shaped like chat
+answers (`--corpus sharegpt` reads real chat instead: sharegpt.py).
 
 EAGLE and Medusa train on conversations (ShareGPT) and Medusa-2 on the
-target's own answers; neither is here offline, and generating answers with a
+target's own answers; ShareGPT needs a package installed, and generating answers with a
 1.5B target on a CPU runs at a few tokens a second. What every install has is
 Python's standard library: its source (code, as the coder target writes) and
 pydoc's topic texts (the language reference in English prose). Each document
@@ -33,15 +34,18 @@ def stdlib_documents(max_chars: int = 6000) -> list[tuple[str, str]]:
     return documents
 
 
-def chat_texts(tokenizer, documents: list[tuple[str, str]], seed: int = 0) -> list[str]:
-    """Each pair through the tokenizer's chat template (plain text when it has none), shuffled."""
+def chat_texts(tokenizer, documents: list[tuple[str, str]] | list[list[dict[str, str]]], seed: int = 0
+               ) -> list[str]:
+    """Each (question, answer) pair or conversation (chat messages) through the tokenizer's chat
+    template (plain text when it has none), shuffled."""
     texts = []
-    for question, answer in documents:
-        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    for document in documents:
+        messages = document if isinstance(document, list) else [
+            {"role": "user", "content": document[0]}, {"role": "assistant", "content": document[1]}]
         try:
             texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
         except (AttributeError, ValueError):
-            texts.append(f"{question}\n\n{answer}")
+            texts.append("\n\n".join(message["content"] for message in messages))
     random.Random(seed).shuffle(texts)
     return texts
 
