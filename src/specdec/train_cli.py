@@ -12,10 +12,14 @@ examples:
   specdec train-head --kind eagle                      # the embedded target; what --method eagle loads
   specdec train-head --kind medusa --steps 400
   specdec train-head --kind eagle --target ./my-llama-3b --out ./my-eagle.safetensors --max-tokens 400000
+  specdec train-head --kind eagle3 --corpus sharegpt --self-distill 200   # real chat questions, the target's answers
+  specdec train-head --kind eagle3 --target ./any-hf-model --backend hf   # any architecture transformers runs
 
 What it does: (1) the target reads --max-tokens tokens of training text once
-(Python's standard library and its documentation as chat answers; no
-download) and its hidden states are stored beside the checkpoint; (2) the
+(--corpus: Python's standard library and its documentation as chat answers,
+no download; or ShareGPT's conversations) and its hidden states are stored
+beside the checkpoint (the native backend's, or transformers' hidden_states
+for models it does not run: heads then draft chains, not trees); (2) the
 head trains on them with its paper's loss (EAGLE: smooth L1 on features +
 0.1 x cross-entropy; Medusa: cross-entropy per head), checkpointing every
 --checkpoint-every steps. Interrupt it any time: the same command resumes.
@@ -117,7 +121,7 @@ def cmd_export_head(args) -> int:
         raise ValueError(f"--speculative-tokens must be >= 1, got {args.speculative_tokens}")
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         raise ValueError(f"{args.out} exists and is not empty; choose a new directory")
-    target, _ = load_models(_native_config(args), need_draft=False)
+    target, _ = load_models(_target_config(args), need_draft=False)
     head, vocab = load_head_for(target, "eagle3", args.head, for_drafting=False)
     target_config = json.loads((Path(target.path) / "config.json").read_text())
     out = export_speculators(head, vocab, args.out, verifier=args.verifier_name or str(target.path),
@@ -142,13 +146,12 @@ def _parse_layers(text: str) -> list[int]:
         raise ValueError(f"--aux-layers takes layer numbers separated by commas, e.g. 2,14,25; got {text!r}") from None
 
 
-def _native_config(args):
-    """The target's SpecConfig on the native backend, which reads hidden states and runs heads."""
-    import dataclasses
-
+def _target_config(args):
+    """The target's SpecConfig as the flags give it: the native backend where it runs the model,
+    else transformers' (both hand the heads the target's hidden states)."""
     from specdec.cli_options import config_from_args
 
-    return dataclasses.replace(config_from_args(args, resolve=False), backend="native")
+    return config_from_args(args, resolve=False)
 
 
 def _training_windows(args, target, out: Path) -> list[list[int]]:
@@ -214,10 +217,8 @@ def cmd_train_head(args) -> int:
 
     if args.self_distill < 0:
         raise ValueError(f"--self-distill takes a number of prompts >= 0, got {args.self_distill}")
-    if args.backend == "hf":
-        raise ValueError("train-head reads the target's hidden states through the native backend; drop --backend hf")
     out = Path(args.out) if args.out else default_head_path(args.target, args.kind)
-    target, _ = load_models(_native_config(args), need_draft=False)
+    target, _ = load_models(_target_config(args), need_draft=False)
     tokenizer, runner = target.tokenizer, target.runner
 
     width = args.intermediate_size

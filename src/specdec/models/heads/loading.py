@@ -13,21 +13,22 @@ from specdec.models.heads.speculators import load_speculators
 from specdec.models.hub import cache_root
 
 
-def _native_decoder(target_runner):
+def _feature_decoder(target_runner):
+    """What the heads read of the target: the native decoder, or HFFeatures over a transformers model."""
     decoder = getattr(target_runner, "decoder", None)
     if decoder is None:
-        raise ValueError("draft heads read the target's hidden states: load the target with the native "
-                         "backend (--backend native; Qwen2 / Llama family)")
+        raise ValueError("draft heads read the target's hidden states, which this target's runner does not "
+                         "give (load it with --backend native or hf)")
     return decoder
 
 
 def frozen_vocabulary(target_runner, target_path: Path, vocab_ids: torch.Tensor,
                       dtype: torch.dtype | None = None) -> FrozenVocabulary:
-    """The target's embedding and output head (rows vocab_ids) from a native target runner.
+    """The target's embedding and output head (rows vocab_ids) from a target runner (native or hf).
 
     A tied target's output head is its embedding; an untied one's is read from its safetensors.
     """
-    decoder = _native_decoder(target_runner)
+    decoder = _feature_decoder(target_runner)
     embedding = decoder.embedding.detach()
     if decoder.config.tie_word_embeddings:
         output_weight = embedding
@@ -72,7 +73,7 @@ def load_head_for(target, kind: str, path: str | Path | None = None, *, for_draf
     for_drafting: an EAGLE-3 head on a quantized CPU target drafts through the target's weight
     format (quantize_head); False keeps the dense weights (export)."""
     location = locate_head(target.name, kind, path)
-    decoder = _native_decoder(target.runner)
+    decoder = _feature_decoder(target.runner)
     dtype = decoder.dtype
     if location.is_dir():
         head, vocab = load_speculators(location, decoder, decoder.embedding.detach(), dtype=dtype,
