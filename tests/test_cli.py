@@ -292,11 +292,6 @@ def test_a_missing_head_is_one_clear_line_before_any_load(capsys, argv, message)
     assert "loading target" not in err
 
 
-def test_train_head_refuses_the_transformers_backend(capsys, model_dirs):
-    code, _, err = run(capsys, "train-head", "--kind", "eagle", "--target", model_dirs["target"], "--backend", "hf")
-    assert code == 2 and "native backend" in err
-
-
 def test_the_usage_line_names_every_subcommand(capsys):
     from specdec.cli import SUBCOMMANDS
 

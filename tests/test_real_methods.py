@@ -18,7 +18,7 @@ import torch
 from real_models import COPY_PROMPT, LONG_PROMPT, NEW_TOKENS, SHORT_PROMPTS, WITH_LONG_PROMPT, \
     assert_every_prompt_equal, prompt_lengths
 from specdec.engine import SpecEngine
-from specdec.models.loader import check_same_vocabulary, load_model
+from specdec.models.loader import load_model, same_vocabulary
 from specdec.proposers import DraftModelProposer, NgramProposer, NgramThenDraftProposer
 from specdec.sampling import SamplingParams
 
@@ -77,7 +77,7 @@ def test_real_pair_greedy_speculative_equals_plain_for_every_method(qwen_pair, p
     from specdec.proposers.registry import build_proposer
 
     target, draft = qwen_pair
-    check_same_vocabulary(target.tokenizer, draft.tokenizer)
+    assert same_vocabulary(target.tokenizer, draft.tokenizer)
     # suffix: the prompts run one after another through one engine, so later ones also draft
     # from the earlier ones' outputs (its cache shared across requests).
     proposer = build_proposer(method, draft_runner=draft.runner, draft_k=4, adaptive=k == "auto")
@@ -104,11 +104,23 @@ def test_real_pair_seeded_sampling_is_reproducible(qwen_pair):
     assert first.token_ids == second.token_ids
 
 
-def test_draft_with_another_tokenizer_is_refused(qwen_pair):
+def test_a_draft_with_another_tokenizer_drafts_for_the_real_target(qwen_pair, plain_references):
+    """SmolLM2-135M (a 49,152-token byte-level vocabulary) drafts for the Qwen2.5 target (151,646): it
+    re-reads the target's text in its own tokens and drafts the tokens both spell the same; greedy
+    output is the target's own on every prompt, the long one included."""
+    from specdec.proposers.cross_vocabulary import CrossVocabularyDraftProposer, VocabularyBridge
+
     target, _ = qwen_pair
     smol = load_model("smollm2-135m", device="cpu", progress=False)
-    with pytest.raises(ValueError, match="tokenizer is incompatible"):
-        check_same_vocabulary(target.tokenizer, smol.tokenizer)
+    assert smol.tokenizer.get_vocab() != target.tokenizer.get_vocab()
+    bridge = VocabularyBridge.between(smol.tokenizer, target.tokenizer, smol.runner.vocab_size,
+                                      target.runner.vocab_size)
+    spell = target.tokenizer.convert_tokens_to_ids
+    assert 30_000 < bridge.shared < 49_152  # most of SmolLM2's tokens are Qwen2.5's too
+    assert int(bridge.draft_to_target[smol.tokenizer.convert_tokens_to_ids("\u0120the")]) == spell("\u0120the")
+    assert int(bridge.draft_to_target[smol.tokenizer.convert_tokens_to_ids("<|im_end|>")]) == spell("<|im_end|>")
+    assert_every_prompt_equal(target, CrossVocabularyDraftProposer(smol.runner, bridge), plain_references,
+                              WITH_LONG_PROMPT, 4)
 
 
 @pytest.mark.parametrize("method,k,prefill_chunk,prompts", [("draft", 4, None, WITH_LONG_PROMPT),

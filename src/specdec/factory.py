@@ -39,7 +39,7 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
                 progress: bool = True):
     """(target, draft or None) as models.loader.LoadedModel. need_draft: default, the method's need;
     an unnamed draft is the default draft."""
-    from specdec.models.loader import check_same_vocabulary, load_model
+    from specdec.models.loader import load_model, same_vocabulary
 
     if need_draft is None:
         need_draft = config.needs_draft_model
@@ -50,7 +50,13 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
     draft = None
     if need_draft:
         draft = load_draft(config, log=log, progress=progress)
-        check_same_vocabulary(target.tokenizer, draft.tokenizer)
+        if not same_vocabulary(target.tokenizer, draft.tokenizer):
+            from specdec.proposers.cross_vocabulary import VocabularyBridge
+
+            draft.bridge = VocabularyBridge.between(draft.tokenizer, target.tokenizer, draft.runner.vocab_size,
+                                                    target.runner.vocab_size)
+            log(f"  the draft's tokenizer differs from the target's: it drafts the {draft.bridge.shared} tokens both "
+                "spell the same (exact, greedy and sampled)")
     return target, draft
 
 
@@ -73,6 +79,7 @@ def proposer_for(config: SpecConfig, target, draft=None, *,
 
     heads: a dict shared across calls so that a grid of k values loads each head once."""
     return build_proposer(config.method, draft_runner=draft.runner if draft is not None else None,
+                          draft_bridge=draft.bridge if draft is not None else None,
                           adaptive=config.k == "auto", **proposer_options(config),
                           **_head_arguments(config, target, heads))
 

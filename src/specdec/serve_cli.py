@@ -187,6 +187,9 @@ def cmd_serve(args) -> int:
 
     check_before_loading(config)  # a head's file, the method's options: before any load
     target, draft = load_models(config)
+    if draft is not None and draft.bridge is not None:
+        raise ValueError("specdec serve drafts with the target's tokenizer only; a draft with another tokenizer "
+                         "drafts in generate, bench, verify and specdec.load")
     name = args.served_model_name or config.target
     spec_max_batch = spec_max_batch_of(args.spec_max_batch, target.runner.device.type)
     api_key = args.api_key or ([os.environ["SPECDEC_API_KEY"]] if os.environ.get("SPECDEC_API_KEY") else None)

@@ -318,12 +318,18 @@ def test_bad_checkpoints_and_mismatched_methods_are_clear_errors(tmp_path, eagle
         HeadConfig(kind="hydra", hidden_size=4, target_vocab_size=8)
 
 
-def test_a_head_needs_the_targets_hidden_states(eagle, vocab):
-    """The transformers runner gives no hidden states: one clear error, not a crash deep inside."""
-    engine = SpecEngine(HFRunner(make_model(seed=0)), EagleProposer(eagle[1].module, vocab), None, k=3,
-                        eos_token_ids=frozenset())
-    with pytest.raises(ValueError, match="native backend"):
-        engine.generate(PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=5)
+def test_the_same_head_drafts_on_the_transformers_runner(model, eagle, vocab):
+    """A head trained on the native decoder's features drafts on the transformers runner's (the same
+    model's hidden_states, models/hf.py): greedy output plain's, and it guesses as often as natively."""
+    runner = HFRunner(model)
+    spec = SpecEngine(runner, EagleProposer(eagle[1].module, vocab), None, k=3, eos_token_ids=frozenset())
+    plain = SpecEngine(HFRunner(model), None, None, eos_token_ids=frozenset())
+    greedy, accepted = SamplingParams(temperature=0), 0
+    for prompt in PROMPTS[:3]:
+        result = spec.generate(prompt, greedy, max_new_tokens=24)
+        assert result.token_ids == plain.generate(prompt, greedy, max_new_tokens=24).token_ids
+        accepted += result.stats.accepted_tokens
+    assert accepted > 10
 
 
 def test_save_and_load_round_trip(tmp_path, target):

@@ -32,6 +32,7 @@ class LoadedModel:
     quantize: str = "none"
     eos_token_ids: frozenset[int] = frozenset()  # the tokenizer's and generation_config's
     head_vocab: int | None = None  # rows of a reduced output head
+    bridge: object = None  # a draft with another tokenizer: its VocabularyBridge to the target's (factory)
 
     def describe(self) -> str:
         weights = "" if self.quantize == "none" else f", {self.quantize} weights"
@@ -204,19 +205,6 @@ def _eos_ids(path: Path, tokenizer: object) -> frozenset[int]:
     return eos_ids_of(tokenizer, generation)
 
 
-def check_same_vocabulary(target_tokenizer: object, draft_tokenizer: object) -> None:
-    """A draft must speak the target's token ids, or its guesses mean nothing.
-
-    Raises ValueError naming how the vocabularies differ.
-    """
-    target_vocab = target_tokenizer.get_vocab()
-    draft_vocab = draft_tokenizer.get_vocab()
-    if target_vocab == draft_vocab:
-        return
-    differing = [tok for tok, i in target_vocab.items() if draft_vocab.get(tok) != i]
-    raise ValueError(
-        "the draft's tokenizer is incompatible with the target's: "
-        f"{len(target_vocab)} vs {len(draft_vocab)} tokens, {len(differing)} target tokens "
-        f"missing or at other ids in the draft (e.g. {differing[:3]!r}). "
-        "Use a draft from the same model family (same tokenizer)."
-    )
+def same_vocabulary(target_tokenizer: object, draft_tokenizer: object) -> bool:
+    """Whether a draft speaks the target's token ids (else it drafts through a VocabularyBridge)."""
+    return target_tokenizer.get_vocab() == draft_tokenizer.get_vocab()

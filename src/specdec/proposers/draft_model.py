@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.models.runner import ModelRunner
-from specdec.proposers.base import DraftProposal, ProposeContext
+from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.proposers.batched import BatchProposer
 from specdec.proposers.entry import Build, MethodEntry
 from specdec.sampling.warp import sample_from_probs, warp_logits
@@ -218,14 +218,29 @@ def draft_model_for(build: Build, confidence: float | None, context_window: int 
     """The loaded draft model as a proposer of build's rows (a clear error where none is loaded)."""
     if build.draft_runner is None:
         raise ValueError(f"method {build.method!r} needs a draft model (--draft)")
+    if build.draft_bridge is not None:
+        raise ValueError(f"method {build.method!r} needs a draft with the target's tokenizer; one with another "
+                         "tokenizer drafts alone (--method draft)")
     if getattr(build.draft_runner, "batch_size", 1) != build.slots:
         raise ValueError(f"the draft model needs one cache row per slot ({build.slots}): a native runner's "
                          "with_batch_size(slots)")
     return DraftModelProposer(build.draft_runner, confidence, context_window=context_window)
 
 
+def _build(build: Build) -> Proposer | DraftModelProposer:
+    confidence = build.draft_confidence if build.adaptive else None
+    if build.draft_bridge is None:
+        return draft_model_for(build, confidence)
+    from specdec.proposers.cross_vocabulary import CrossVocabularyDraftProposer
+
+    if build.slots != 1:
+        raise ValueError("a draft with another tokenizer drafts for one request at a time (generate, bench, "
+                         "verify, specdec.load), not for a server's batch")
+    return CrossVocabularyDraftProposer(build.draft_runner, build.draft_bridge, confidence)
+
+
 METHOD_ENTRIES = (
     MethodEntry("draft", "a small draft model proposes k tokens, the target verifies them (Chen et al. "
-                "Algorithm 2)", lambda build: draft_model_for(build, build.draft_confidence if build.adaptive else None),
-                needs_draft_model=True, replayable=True),
+                "Algorithm 2); one with another tokenizer drafts the tokens both spell the same (Timor et al. "
+                "2025)", _build, needs_draft_model=True, replayable=True),
 )

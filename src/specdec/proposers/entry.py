@@ -28,7 +28,8 @@ class Build:
     target's frozen embedding and output head, for the head methods; options: option group -> options
     instance (each options dataclass's GROUP; a group not given reads its defaults); replay_cost: a
     replay's price of a forward of n tokens in steps (`specdec replay`: nothing is timed there, so a
-    method that sizes its drafts by step costs takes this as its fixed curve), None in an engine."""
+    method that sizes its drafts by step costs takes this as its fixed curve), None in an engine;
+    draft_bridge: the draft's vocabulary beside the target's where their tokenizers differ, else None."""
 
     method: str
     slots: int = 1
@@ -40,6 +41,7 @@ class Build:
     head_vocabulary: object = None
     options: Mapping[str, object] = field(default_factory=dict)
     replay_cost: Callable[[int], float] | None = None
+    draft_bridge: object = None  # a draft with another tokenizer: its cross_vocabulary.VocabularyBridge
 
     def option(self, kind: type):
         """The options of `kind` (an options dataclass) this build was given, else its defaults."""

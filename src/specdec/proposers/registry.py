@@ -168,6 +168,7 @@ def build_proposer(
     loaded_head=None,  # models.heads.LoadedHead, for the head methods
     head_vocabulary=None,  # models.heads.FrozenVocabulary: the target's embedding and output head
     replay_cost=None,  # `specdec replay`'s price of an n-token forward, in steps (Build.replay_cost)
+    draft_bridge=None,  # a draft with another tokenizer: its VocabularyBridge (proposers/cross_vocabulary.py)
     **options,
 ) -> Proposer | BatchProposer | None:
     """The proposer of `slots` rows (1: SpecEngine's; a server's slots: BatchEngine's), built by the
@@ -183,5 +184,5 @@ def build_proposer(
     """
     check_proposer_options(method, draft_k=draft_k, draft_confidence=draft_confidence, **options)
     build = Build(method, slots, draft_runner, adaptive, draft_k, draft_confidence, loaded_head, head_vocabulary,
-                  options, replay_cost)
+                  options, replay_cost, draft_bridge)
     return ENTRIES[method].build(build)
