@@ -285,6 +285,8 @@ def test_train_head_on_sharegpt_keeps_the_bench_out_and_its_head_is_exact(capsys
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--method", "eagle", "--head", "/no/such/head.safetensors", "hi"], "no trained eagle head"),
     (["generate", "--method", "medusa", "--target", "no-such-model", "hi"], "specdec train-head --kind medusa"),
+    (["train-head", "--kind", "eagle", "--topk-distill", "10"], "--topk-distill takes K >= 1 for --kind eagle3"),
+    (["train-head", "--kind", "eagle3", "--topk-distill", "-1"], "--topk-distill takes K >= 1"),
 ])
 def test_a_missing_head_is_one_clear_line_before_any_load(capsys, argv, message):
     code, _, err = run(capsys, *argv)

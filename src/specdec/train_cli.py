@@ -73,6 +73,11 @@ def add_train_command(sub) -> None:
                        help="--self-distill: the longest answer, in tokens (default: 256)")
     train.add_argument("--ttt-steps", type=positive_int, default=3,
                        help="eagle3: draft steps unrolled on the head's own outputs in training (default: 3)")
+    train.add_argument("--topk-distill", type=int, default=0, metavar="K",
+                       help="eagle3: HASS's harmonized objective distillation (Zhang et al. 2025): also a "
+                            "cross-entropy on the target's K most probable tokens, so the head ranks first what the "
+                            "target does (the paper: 10; EAGLE-3's training-time test already trains later steps "
+                            "on the head's own features, HASS's context alignment) (default: 0 = off)")
     train.add_argument("--aux-layers", default=None, metavar="I,J,K",
                        help="eagle3: the target layers whose inputs it reads (default: 2, L/2, L-3, as vLLM)")
     train.add_argument("--checkpoint-every", type=positive_int, default=100, help="default: 100 steps")
@@ -217,6 +222,9 @@ def cmd_train_head(args) -> int:
 
     if args.self_distill < 0:
         raise ValueError(f"--self-distill takes a number of prompts >= 0, got {args.self_distill}")
+    if args.topk_distill < 0 or (args.topk_distill and args.kind != "eagle3"):
+        raise ValueError(f"--topk-distill takes K >= 1 for --kind eagle3 (or 0: off), got {args.topk_distill} "
+                         f"for {args.kind}")
     out = Path(args.out) if args.out else default_head_path(args.target, args.kind)
     target, _ = load_models(_target_config(args), need_draft=False)
     tokenizer, runner = target.tokenizer, target.runner
@@ -252,6 +260,7 @@ def cmd_train_head(args) -> int:
     options = TrainOptions(steps=args.steps, batch_size=args.batch_size,
                            lr=args.lr or (1e-3 if args.kind == "medusa" else 3e-4),
                            checkpoint_every=args.checkpoint_every, seed=args.seed, ttt_steps=args.ttt_steps,
+                           topk_distill=args.topk_distill,
                            # eagle3 unrolls these roots per window; each costs 3 output-matrix rows (CPU time)
                            classification_positions=64 if args.kind == "eagle3" else 128)
     del target, runner  # frees the target's weights: the vocabulary holds the rows the head reuses

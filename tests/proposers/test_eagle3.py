@@ -155,6 +155,27 @@ def test_the_loss_weights_deeper_steps_by_the_chance_they_are_reached(eagle3, vo
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_hass_top_k_distillation_adds_the_target_top_k_cross_entropy(eagle3, vocab, windows):
+    """HASS's harmonized objective distillation (--topk-distill K): the loss grows by, at each step, the
+    cross-entropy on the target's K most probable tokens, times the chance the step is reached."""
+    tokens, features, aux = windows
+    head, few = eagle3[1].module, (tokens[:2], features[:2].float(), aux[:2].float())
+    plain_options = TrainOptions(ttt_steps=2, classification_positions=0)
+    hass_options = TrainOptions(ttt_steps=2, classification_positions=0, topk_distill=3, topk_weight=0.5)
+    with torch.no_grad():
+        plain, _ = eagle3_loss(head, vocab, *few, plain_options)
+        hass, _ = eagle3_loss(head, vocab, *few, hass_options)
+        extra, reached = torch.zeros(()), None
+        for _, logits, target_logp in unroll_eagle3(head, vocab, *few, 2):
+            draft_logp = torch.log_softmax(logits, dim=-1)
+            reached = torch.ones(draft_logp.shape[:2]) if reached is None else reached
+            top = target_logp.topk(3, dim=-1)
+            extra = extra + (reached * -(top.values.exp() * draft_logp.gather(-1, top.indices)).sum(-1)).mean()
+            reached = reached * torch.minimum(draft_logp.exp(), target_logp.exp()).sum(-1)
+    torch.testing.assert_close(hass, plain + 0.5 * extra, atol=1e-4, rtol=1e-4)
+    assert float(extra) > 0
+
+
 def _proposer(eagle3, vocab, tree):
     return EagleProposer(eagle3[1].module, vocab, tree_size=8 if tree else 0, tree_topk=3)
 

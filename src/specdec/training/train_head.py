@@ -62,6 +62,10 @@ class TrainOptions:
     medusa_positions: int = 128  # positions per window in Medusa's loss (0 = all)
     ttt_steps: int = 3  # EAGLE-3: unrolled draft steps per root (speculators' default)
     ttt_decay: float = 1.0  # EAGLE-3: step s's loss times decay^s (the acceptance weight already falls with s)
+    # HASS's harmonized objective distillation (Zhang et al. 2025, Section 3.1): cross-entropy on the
+    # target's top-K tokens alone, beside EAGLE-3's KL, weighted; 0 = off (the paper: K = 10, weight 1).
+    topk_distill: int = 0
+    topk_weight: float = 1.0
     grad_clip: float = 0.5
     checkpoint_every: int = 100
     heldout_windows: int = 16
@@ -228,7 +232,11 @@ def eagle3_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: t
     for step, logits, target_logp in unroll_eagle3(head, vocab, tokens, features, aux, options.ttt_steps, roots):
         draft_logp = torch.log_softmax(logits, dim=-1)  # [B, P, N]
         kl = (target_logp.exp() * (target_logp - draft_logp)).sum(-1)  # [B, P]
-        loss = loss + options.ttt_decay ** step * (reached * kl).mean()
+        step_loss = kl
+        if options.topk_distill:  # what the target ranks first is what acceptance needs the draft to rank first
+            top = target_logp.topk(options.topk_distill, dim=-1)
+            step_loss = step_loss - options.topk_weight * (top.values.exp() * draft_logp.gather(-1, top.indices)).sum(-1)
+        loss = loss + options.ttt_decay ** step * (reached * step_loss).mean()
         with torch.no_grad():
             reached = reached * torch.minimum(draft_logp.exp(), target_logp.exp()).sum(-1)  # x sum_x min(p, q)
             stats[f"kl_{step + 1}"] = float(kl.mean())
