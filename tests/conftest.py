@@ -65,6 +65,14 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token=EOS)
 
 
+def make_other_tokenizer() -> PreTrainedTokenizerFast:
+    """make_tokenizer's characters at other ids (reversed): a draft with another tokenizer."""
+    vocab = {"<unk>": 0, EOS: 1, **{c: len(CHARS) + 1 - i for i, c in enumerate(CHARS)}}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token=EOS)
+
+
 def make_model(seed: int, family: str = "qwen2", layers: int = 2, hidden: int = 32, random_bias: bool = False,
                **extra) -> torch.nn.Module:
     torch.manual_seed(seed)

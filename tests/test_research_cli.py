@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import save_tiny_pair
+from conftest import make_model, make_other_tokenizer, save_tiny_pair
 from specdec.bench.harness import read_results
 from specdec.cli import main
 
@@ -199,6 +199,11 @@ def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_
     assert code == 2 and "needs a draft model: --draft NAME" in err
     code, text, err = run(capsys, "replay", str(out), "--methods", "eagle")
     assert code == 2 and "not 'eagle'" in err
+    other = tmp_path / "other-draft"  # the recorded ids are the target's: another tokenizer is benched instead
+    make_model(seed=1, layers=1).save_pretrained(other)
+    make_other_tokenizer().save_pretrained(other)
+    code, text, err = run(capsys, "replay", str(out), "--methods", "draft", "--draft", str(other))
+    assert code == 2 and "does not share: bench it instead" in err
     broken = tmp_path / "broken.jsonl"
     broken.write_text((out / "results.jsonl").read_text() + "{not json\n")
     code, text, err = run(capsys, "replay", str(broken))

@@ -139,6 +139,7 @@ def cmd_replay(args) -> int:
             draft_cost, draft_label = table if table is not None else (None, "draft forwards free (no draft costs)")
         label += f"; {draft_label}"
         draft = load_model(args.draft, quantize=args.draft_quantize, head_vocab=args.draft_vocab, role="draft")
+        _check_same_tokens(str(header.get("target") or ""), args.draft, draft.tokenizer)
         runner, vocab_size = CountingRunner(draft.runner), draft.runner.vocab_size
         oracles = DraftOracles(draft.runner, vocab_size, cost, draft_cost)
     if "copy" in methods:  # the scorer it chooses by: --fit's, --copy-scorer's or the shipped one
@@ -178,3 +179,19 @@ def _copy_scorer(args, header: dict, rows: list[dict], k: int) -> str | None:
     Path(args.fit).write_text(scorer.to_json(**about))
     print(f"fitted copy's scorer on {about['steps']} steps of {about['turns']} answers -> {args.fit}")
     return args.fit
+
+
+def _check_same_tokens(target: str, draft_name: str, draft_tokenizer) -> None:
+    """The replay compares the draft's ids with the recorded answers' target ids: a draft with another
+    tokenizer (which drafts through a bridge, proposers/cross_vocabulary.py) is benched, not replayed."""
+    from transformers import AutoTokenizer
+
+    from specdec.models.hub import cache_root
+    from specdec.models.loader import same_vocabulary
+
+    for place in (Path(target), cache_root() / target):
+        if target and (place / "tokenizer_config.json").is_file():
+            if not same_vocabulary(AutoTokenizer.from_pretrained(place), draft_tokenizer):
+                raise ValueError(f"replay --draft reads the recorded answers in {target}'s tokens, which "
+                                 f"{draft_name} does not share: bench it instead (specdec bench --draft {draft_name})")
+            return
