@@ -21,8 +21,8 @@ from specdec.analysis.lossless import distribution_tests
 from specdec.cli import main
 from specdec.engine import SpecEngine
 from specdec.proposers.base import ProposeContext
-from specdec.proposers.cross_vocabulary import (CrossVocabularyDraftProposer, VocabularyBridge, _complete_utf8,
-                                                token_spellings)
+from specdec.proposers.cross_vocabulary import (RETOKENIZED_TAIL, CrossVocabularyDraftProposer, VocabularyBridge,
+                                                _complete_utf8, token_spellings)
 from specdec.sampling import SamplingParams
 
 PROMPTS = ["the cat sat on the mat. the dog", "hello there, how are you?", "a b c d e f g"]
@@ -135,6 +135,33 @@ def test_the_draft_reads_what_the_target_wrote_at_every_step(target_model, token
         assert int(proposal.token_ids[0, 0]) == int(logits.argmax())
         checked += 1
     assert checked >= 15
+
+
+def test_past_the_window_the_draft_reads_only_what_is_new(target_model, tokenizer):
+    """A context longer than the draft's window: the window is read once, then each step feeds the
+    draft the new tokens and the few re-encoded before them, never the window again."""
+    bridge = VocabularyBridge.between(other_tokenizer(merges=True), tokenizer, VOCAB_SIZE, VOCAB_SIZE)
+    draft = make_native(moved_copy(target_model, bridge))
+    widths = []
+    forward = draft.forward
+
+    def recording(token_ids, positions, **options):
+        widths.append(token_ids.shape[1])
+        return forward(token_ids, positions, **options)
+
+    draft.forward = recording
+    proposer = CrossVocabularyDraftProposer(draft, bridge, context_window=12)
+    tokens = tokenizer(PROMPTS[0] + " " + PROMPTS[1], add_special_tokens=False)["input_ids"]
+    greedy = SamplingParams(temperature=0)
+    reads = []
+    for length in range(20, len(tokens), 2):
+        widths.clear()
+        proposer.propose(ProposeContext(torch.tensor([tokens[:length]]), greedy, None, VOCAB_SIZE), 2)
+        proposer.on_verified(torch.tensor([0]))
+        reads.append(widths[0])  # the catch-up forward; the rest are one drafted token each
+    assert reads[0] >= 10 and len(reads) >= 10
+    assert max(reads[1:]) <= RETOKENIZED_TAIL + 2, reads
+    assert proposer.unread_tokens(len(tokens)) == len(tokens) - (length - 0)
 
 
 def test_sampling_keeps_the_target_distribution(target_model, tokenizer):

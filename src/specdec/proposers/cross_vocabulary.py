@@ -140,14 +140,17 @@ class CrossVocabularyDraftProposer(Proposer):
 
     def reset(self) -> None:
         self.runner.reset()
-        self._seen: list[int] = []  # the target's committed tokens read (from the window's start)
+        self._start = 0  # where in the target's context the window the draft reads begins
+        self._seen: list[int] = []  # the target's committed tokens read, from _start
         self._text = bytearray()  # what they write
         self._ids: list[int] = []  # the draft's tokens of _text (held-back partial characters aside)
         self._ends: list[int] = []  # byte offset where each of _ids ends
         self._cached: list[int] = []  # what the draft's cache holds: _ids, then the drafts it fed
 
     def unread_tokens(self, context_len: int) -> int:
-        return min(context_len, self.context_window) if not self._seen else max(0, context_len - len(self._seen))
+        if not self._seen:
+            return min(context_len, self.context_window)
+        return max(0, context_len - self._start - len(self._seen))
 
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         max_k = min(max_k, self.runner.max_context - len(self._cached) - 2)
@@ -186,10 +189,11 @@ class CrossVocabularyDraftProposer(Proposer):
 
     def _read(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Bring the draft's cache up to the target's committed tokens; its logits at the last one."""
-        new = committed_since(self._seen, token_ids)
-        if new is None or not self._seen:
+        new = committed_since(self._seen, token_ids[:, self._start:]) if self._seen else None
+        if new is None:  # a new request (or the first): read the window of its last tokens
             self.reset()
-            new = token_ids[0, max(0, token_ids.shape[1] - self.context_window):].tolist()
+            self._start = max(0, token_ids.shape[1] - self.context_window)
+            new = token_ids[0, self._start:].tolist()
         self._seen += new
         for token in new:
             self._text += self.bridge.target_texts[token] if token < len(self.bridge.target_texts) else b""
