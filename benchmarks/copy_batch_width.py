@@ -27,8 +27,7 @@ from specdec.config import SpecConfig  # noqa: E402
 from specdec.engine.batch import BatchEngine  # noqa: E402
 from specdec.factory import load_models  # noqa: E402
 from specdec.proposers.batched import RowwiseProposer  # noqa: E402
-from specdec.proposers.registry import _scored_copy_maker  # noqa: E402
-from specdec.proposers.scored_copy import ScoredCopyRows  # noqa: E402
+from specdec.proposers.scored_copy import CopyOptions, ScoredCopyRows, scored_copy_maker  # noqa: E402
 from specdec.sampling import SamplingParams  # noqa: E402
 
 SLOTS = 4
@@ -61,8 +60,8 @@ def main() -> None:
                            eos_token_ids=target.eos_token_ids)
 
     # Both copy variants by hand, not the factory's (it builds "one width" alone), from its row maker.
-    engines = {"plain": engine(None), "rows alone": engine(RowwiseProposer(_scored_copy_maker(None), SLOTS)),
-               "one width": engine(ScoredCopyRows(_scored_copy_maker(None), SLOTS))}
+    engines = {"plain": engine(None), "rows alone": engine(RowwiseProposer(scored_copy_maker(CopyOptions()), SLOTS)),
+               "one width": engine(ScoredCopyRows(scored_copy_maker(CopyOptions()), SLOTS))}
     for clients in (1, 4):
         for round_ in range(args.rounds):  # round 0: fresh prompts; later rounds repeat them
             totals = {name: [0, 0.0, 0] for name in engines}

@@ -35,7 +35,7 @@ from specdec.bench.timing import TimedRunner, copy_bandwidth_gbs, weight_bytes_p
 from specdec.config import SpecConfig
 from specdec.engine import SpecEngine
 from specdec.factory import engine_for, plain_engine
-from specdec.models.loader import check_same_vocabulary, load_model
+from specdec.models.loader import load_model, same_vocabulary
 from specdec.sampling import SamplingParams
 
 
@@ -86,7 +86,8 @@ def transformers_phase(args, bytes_per_token):
     loaded as transformers runs it (no specdec engine decodes here; the encoder only tokenizes)."""
     target = load_model(args.target, backend="hf", cpu_linear="torch")
     draft = load_model(args.draft, backend="hf", cpu_linear="torch")
-    check_same_vocabulary(target.tokenizer, draft.tokenizer)
+    if not same_vocabulary(target.tokenizer, draft.tokenizer):  # assisted generation here assumes one tokenizer
+        raise ValueError(f"{args.draft} does not share {args.target}'s tokenizer")
     configs = {
         "transformers plain": lambda ids: hf_generate(target.runner.model, ids, args.max_new_tokens),
         "transformers assisted": lambda ids: hf_generate(target.runner.model, ids, args.max_new_tokens,

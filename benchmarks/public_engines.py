@@ -12,7 +12,6 @@ from __future__ import annotations
 from specdec.config import DEFAULT_DRAFT, SpecConfig
 from specdec.engine import SpecEngine
 from specdec.factory import Log, check_before_loading, engine_for, load_models, log_to_stderr
-from specdec.models.loader import check_same_vocabulary
 
 _TARGET_FIELDS = ("target", "device", "dtype", "backend", "quantize")  # what loading a target reads
 _DRAFT_FIELDS = ("device", "dtype", "backend", "draft_quantize", "draft_vocab")  # and a draft, besides its name
@@ -43,8 +42,15 @@ class SharedModels:
 
             self.drafts[key] = load_draft(config, log=self.log, progress=self.progress)
         pair = (tuple(getattr(config, name) for name in _TARGET_FIELDS), key)
-        if pair not in self._paired:  # as load_models checks a pair it loads together
-            check_same_vocabulary(self.target(config).tokenizer, self.drafts[key].tokenizer)
+        if pair not in self._paired:  # as load_models pairs the two it loads together
+            try:
+                from specdec.factory import pair_draft
+            except ImportError:  # a tree older than it (engine_ab): a draft had to share the target's tokenizer
+                from specdec.models.loader import check_same_vocabulary
+
+                check_same_vocabulary(self.target(config).tokenizer, self.drafts[key].tokenizer)
+            else:
+                pair_draft(self.target(config), self.drafts[key], log=self.log)
             self._paired.add(pair)
         return self.drafts[key]
 

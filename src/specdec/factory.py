@@ -39,7 +39,7 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
                 progress: bool = True):
     """(target, draft or None) as models.loader.LoadedModel. need_draft: default, the method's need;
     an unnamed draft is the default draft."""
-    from specdec.models.loader import load_model, same_vocabulary
+    from specdec.models.loader import load_model
 
     if need_draft is None:
         need_draft = config.needs_draft_model
@@ -50,14 +50,23 @@ def load_models(config: SpecConfig, *, need_draft: bool | None = None, log: Log 
     draft = None
     if need_draft:
         draft = load_draft(config, log=log, progress=progress)
-        if not same_vocabulary(target.tokenizer, draft.tokenizer):
-            from specdec.proposers.cross_vocabulary import VocabularyBridge
-
-            draft.bridge = VocabularyBridge.between(draft.tokenizer, target.tokenizer, draft.runner.vocab_size,
-                                                    target.runner.vocab_size)
-            log(f"  the draft's tokenizer differs from the target's: it drafts the {draft.bridge.shared} tokens both "
-                "spell the same (exact, greedy and sampled)")
+        pair_draft(target, draft, log=log)
     return target, draft
+
+
+def pair_draft(target, draft, *, log: Log = log_to_stderr) -> None:
+    """Where the draft's tokenizer differs from the target's, give the draft the VocabularyBridge it
+    drafts through (proposers/cross_vocabulary.py), and say so."""
+    from specdec.models.loader import same_vocabulary
+
+    if draft.bridge is not None or same_vocabulary(target.tokenizer, draft.tokenizer):
+        return
+    from specdec.proposers.cross_vocabulary import VocabularyBridge
+
+    draft.bridge = VocabularyBridge.between(draft.tokenizer, target.tokenizer, draft.runner.vocab_size,
+                                            target.runner.vocab_size)
+    log(f"  the draft's tokenizer differs from the target's: it drafts the {draft.bridge.shared} tokens both "
+        "spell the same (exact, greedy and sampled)")
 
 
 def load_draft(config: SpecConfig, *, log: Log = log_to_stderr, progress: bool = True):

@@ -89,3 +89,37 @@ def test_models_are_keyed_by_what_loading_reads(model_dirs):
     assert models.target(SpecConfig(target=model_dirs["target"], quantize="int8")) is not first
     assert models.draft(config.with_method("ngram")) is None
     assert models.draft(config) is models.draft(config.with_method("ngram+draft", k=2))
+
+
+def _guarded_by_import_error(node, parents: dict) -> bool:
+    """Inside a `try` whose handler catches ImportError (a fallback for an older tree)."""
+    import ast
+
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.Try) and any(
+                isinstance(handler.type, ast.Name) and handler.type.id == "ImportError" for handler in node.handlers):
+            return True
+    return False
+
+
+def test_every_name_a_benchmark_imports_from_specdec_exists():
+    """A script under benchmarks/ runs rarely, so a renamed function breaks it silently: every
+    `from specdec... import name` in it must still resolve (a fallback for older trees aside)."""
+    import ast
+    import importlib
+
+    missing = []
+    for script in sorted(BENCHMARKS.glob("*.py")):
+        tree = ast.parse(script.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec")):
+                continue
+            if _guarded_by_import_error(node, parents):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                    missing.append(f"{script.name}: {node.module}.{alias.name}")
+    assert missing == []
