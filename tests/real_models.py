@@ -118,11 +118,12 @@ def quick_head(target, kind, directory, extra_windows: list[list[int]] = (), cor
     chunks = token_chunks(target.tokenizer, chat_texts(target.tokenizer, stdlib_documents()[:40]), 96,
                           96 * corpus_windows)
     chunks += list(extra_windows)
-    config = HeadConfig.for_target(kind, target.runner.decoder.config, intermediate_size=512)
+    vocab_ids = frequent_token_ids(target.tokenizer, 8192, 151936)
+    config = HeadConfig.for_target(kind, target.runner.decoder.config, intermediate_size=512,
+                                   draft_vocab_size=len(vocab_ids))
     tokens, features, aux = load_features(extract_features(target.runner, chunks, directory / "features",
                                                            progress=False, aux_layers=config.aux_layers or None))
-    vocab = frozen_vocabulary(target.runner, target.path, frequent_token_ids(target.tokenizer, 8192, 151936),
-                              torch.float32)
+    vocab = frozen_vocabulary(target.runner, target.path, vocab_ids, torch.float32)
     path = directory / f"{kind}.safetensors"
     # Steps of 2 windows: training is most of these tests' time (an EAGLE-3 step unrolls 3 drafts
     # through the 8k-token head: ~7 s a step on one core at 4 windows).

@@ -1,4 +1,4 @@
-"""EAGLE and Medusa heads on the embedded real target (marked `integration`): heads trained here in
+"""EAGLE, Medusa and MLP-speculator heads on the embedded real target (marked `integration`): heads trained here in
 seconds, greedy speculative == plain for chains and trees (prompts: real_models.py). EAGLE-3 and
 vLLM: test_real_eagle3.py (another test process can run it meanwhile)."""
 
@@ -19,7 +19,8 @@ def quick_heads(qwen_pair, plain_references, tmp_path_factory):
 
 
 @pytest.mark.parametrize("method,prompts", [("eagle", HEAD_CHAIN_PROMPTS), ("eagle-tree", HEAD_TREE_PROMPTS),
-                                            ("medusa", HEAD_CHAIN_PROMPTS)], ids=["eagle", "eagle-tree", "medusa"])
+                                            ("medusa", HEAD_CHAIN_PROMPTS), ("mlp-speculator", HEAD_CHAIN_PROMPTS)],
+                         ids=["eagle", "eagle-tree", "medusa", "mlp-speculator"])
 def test_real_target_head_methods_greedy_equal_plain(qwen_pair, plain_references, quick_heads, method, prompts):
     from specdec.models.heads import load_head_for
     from specdec.proposers.head_methods import HeadOptions

@@ -1,6 +1,7 @@
 """An EAGLE-3 head trained here, exported by `specdec export-head` and served by vLLM's CPU build
 (marked `integration` and `vllm`). `make test` runs it alone after the rest: vLLM's server holds
-~11 GB in float32 (its weights twice), which does not fit beside two test processes in 24 GB."""
+~11 GB in float32 (its weights twice), which does not fit beside two test processes in 24 GB.
+An exported MLP speculator's config is read by vLLM's own class; vLLM does not serve that method."""
 
 import os
 
@@ -68,3 +69,42 @@ def test_vllm_serves_an_exported_eagle3_head(quick_heads, tmp_path_factory):
     # 28% of 141 drafts were accepted on the AVX2 EPYC (specdec's rate for such a head is similar).
     assert counters["num_draft_tokens"] > 0, counters
     assert counters["num_accepted_tokens"] >= 0.05 * counters["num_draft_tokens"], counters
+
+
+READ_MLP_SPECULATOR = """
+import json, sys
+from vllm.model_executor.models.registry import ModelRegistry
+from vllm.transformers_utils.configs.mlp_speculator import MLPSpeculatorConfig
+config = MLPSpeculatorConfig.from_pretrained(sys.argv[1])
+print(json.dumps({"read": [config.n_predict, config.emb_dim, config.inner_dim, config.vocab_size],
+                  "served": "MLPSpeculatorPreTrainedModel" in ModelRegistry.get_supported_archs()}))
+"""
+
+
+def test_vllm_reads_an_exported_mlp_speculator_but_does_not_serve_it(tmp_path):
+    """`specdec export-head --kind mlp-speculator`'s layout is the one vLLM's MLPSpeculatorConfig reads
+    (a tiny head here: the format, not the model, is under test). vLLM 0.32 keeps the model out of its
+    registry until its V1 engine supports it, so no vLLM serves it here: when a release does, this
+    test fails, and the head should be served as the EAGLE-3 one is above."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from conftest import make_model, make_native
+    from specdec.bench.vllm_peer import vllm_python
+    from specdec.models.heads import FrozenVocabulary, HeadConfig, LoadedHead, build_head
+    from specdec.models.heads.mlp_speculator_export import export_mlp_speculator
+
+    target = make_native(make_model(seed=3))
+    config = HeadConfig.for_target("mlp-speculator", target.decoder.config, mlp_stages=3, draft_vocab_size=64)
+    module = build_head(config)
+    vocab = FrozenVocabulary.with_output_rows(target.decoder.embedding, module.output.weight, torch.arange(64))
+    out = export_mlp_speculator(LoadedHead(config, module, torch.arange(64), {}), vocab, tmp_path / "mlp")
+    python = vllm_python(Path(__file__).resolve().parents[1])
+    done = subprocess.run([str(python), "-c", READ_MLP_SPECULATOR, str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    hidden = target.decoder.config.hidden_size
+    assert report["read"] == [3, hidden, hidden, 64]
+    assert report["served"] is False

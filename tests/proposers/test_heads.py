@@ -1,4 +1,4 @@
-"""EAGLE and Medusa heads on a tiny target: training lowers the loss and resumes exactly;
+"""EAGLE, Medusa and MLP-speculator heads on a tiny target: training lowers the loss and resumes exactly;
 drafting with them (chains and trees) is lossless: greedy equals plain decoding, sampling
 keeps the target's distribution."""
 
@@ -13,7 +13,7 @@ from specdec.models.heads import FrozenVocabulary, HeadConfig, build_head, load_
 from specdec.models.hf import HFRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import RowwiseProposer
-from specdec.proposers.heads import EagleProposer, MedusaProposer, medusa_tree
+from specdec.proposers.heads import EagleProposer, MedusaProposer, MLPSpeculatorProposer, medusa_tree
 from specdec.proposers.registry import build_proposer
 from specdec.sampling import SamplingParams
 from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
@@ -57,7 +57,8 @@ def windows(target, tmp_path_factory):
 
 def _train(kind, target, vocab, windows, path, steps=60, **options):
     tokens, features, _ = windows
-    config = HeadConfig.for_target(kind, target.decoder.config, num_medusa_heads=3)
+    config = HeadConfig.for_target(kind, target.decoder.config, num_medusa_heads=3, mlp_stages=3,
+                                   draft_vocab_size=len(vocab.vocab_ids))
     train_options = TrainOptions(steps=steps, lr=1e-2, warmup=5, checkpoint_every=steps, heldout_windows=8,
                                  **options)
     extra = train_head(config, vocab, tokens, features, path, train_options, device=torch.device("cpu"),
@@ -75,13 +76,23 @@ def medusa(target, vocab, windows, tmp_path_factory):
     return _train("medusa", target, vocab, windows, tmp_path_factory.mktemp("medusa") / "medusa.safetensors")
 
 
+@pytest.fixture(scope="module")
+def mlp(target, vocab, windows, tmp_path_factory):
+    return _train("mlp-speculator", target, vocab, windows, tmp_path_factory.mktemp("mlp") / "mlp.safetensors")
+
+
+def mlp_vocabulary(vocab, head):
+    """What models/heads/loading.py hands the proposer: the target's embedding, the head's own output rows."""
+    return FrozenVocabulary.with_output_rows(vocab.embedding, head.module.output.weight, vocab.vocab_ids)
+
+
 def _mean(values):
     return sum(values) / len(values)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_training_lowers_the_loss_and_beats_chance(kind, eagle, medusa, target):
-    extra, head = eagle if kind == "eagle" else medusa
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "mlp-speculator"])
+def test_training_lowers_the_loss_and_beats_chance(kind, eagle, medusa, mlp, target):
+    extra, head = {"eagle": eagle, "medusa": medusa, "mlp-speculator": mlp}[kind]
     losses = [row["loss"] for row in extra["history"]]
     assert _mean(losses[-10:]) < 0.8 * _mean(losses[:5]), losses
     top1 = head.config.accuracies[0][0]  # held-out, teacher-forced, depth 1
@@ -116,8 +127,9 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, vocab, windows, tmp
         assert torch.equal(weight, resumed.module.state_dict()[name]), name
 
 
-def _proposers(eagle, medusa, vocab):
+def _proposers(eagle, medusa, vocab, mlp=None):
     return {
+        "mlp chain": lambda: MLPSpeculatorProposer(mlp[1].module, mlp_vocabulary(vocab, mlp[1])),
         "eagle chain": lambda: EagleProposer(eagle[1].module, vocab),
         "eagle tree": lambda: EagleProposer(eagle[1].module, vocab, tree_size=8, tree_topk=3),
         "eagle tree auto": lambda: EagleProposer(eagle[1].module, vocab, tree_size="auto", tree_topk=3),
@@ -127,9 +139,10 @@ def _proposers(eagle, medusa, vocab):
     }
 
 
-@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa chain", "medusa tree"])
-def test_greedy_with_a_head_is_plain_greedy(name, target, vocab, eagle, medusa):
-    proposer = _proposers(eagle, medusa, vocab)[name]()
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa chain", "medusa tree",
+                                  "mlp chain"])
+def test_greedy_with_a_head_is_plain_greedy(name, target, vocab, eagle, medusa, mlp):
+    proposer = _proposers(eagle, medusa, vocab, mlp)[name]()
     spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
     plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
     accepted = 0
@@ -175,11 +188,11 @@ def check_batched_heads_equal_each_alone(model, target, make_proposer, k=3):
     return sum(accepted)
 
 
-@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa chain", "medusa tree"])
-def test_batched_heads_equal_each_request_alone(name, model, target, vocab, eagle, medusa):
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "medusa chain", "medusa tree", "mlp chain"])
+def test_batched_heads_equal_each_request_alone(name, model, target, vocab, eagle, medusa, mlp):
     """The server's engine with a head: one proposer per row over one head, trees verified in one
     forward with each row's own mask, each row's features queued for its proposer."""
-    accepted = check_batched_heads_equal_each_alone(model, target, _proposers(eagle, medusa, vocab)[name])
+    accepted = check_batched_heads_equal_each_alone(model, target, _proposers(eagle, medusa, vocab, mlp)[name])
     assert accepted > 20  # the heads' drafts were really used, trees past their first level included
 
 
@@ -208,11 +221,11 @@ class PathCounter(Proposer):
         self.inner.on_verified(num_accepted)
 
 
-@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa tree"])
-def test_sampling_with_a_head_keeps_the_target_distribution(name, target, vocab, eagle, medusa):
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa tree", "mlp chain"])
+def test_sampling_with_a_head_keeps_the_target_distribution(name, target, vocab, eagle, medusa, mlp):
     """1000 speculative draws at T=0.8 against 1000 plain ones: first token and first two tokens."""
     params = SamplingParams(temperature=0.8)
-    proposer = PathCounter(_proposers(eagle, medusa, vocab)[name]())
+    proposer = PathCounter(_proposers(eagle, medusa, vocab, mlp)[name]())
     spec = SpecEngine(target, proposer, None, k=3, eos_token_ids=frozenset())
     plain = SpecEngine(target, None, None, eos_token_ids=frozenset())
     prompt = PROMPTS[0]

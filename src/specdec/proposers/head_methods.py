@@ -1,5 +1,5 @@
 """The methods that draft with a trained head on the target's hidden states (EAGLE, EAGLE-2's trees,
-EAGLE-3, Medusa): their options and entries. The proposers are in heads.py, imported when one is built
+EAGLE-3, Medusa, the MLP speculator): their options and entries. The proposers are in heads.py, imported when one is built
 (they bring the heads' modules); the factory loads the head itself (factory.load_head).
 """
 
@@ -57,13 +57,15 @@ def _build(kind: str, tree: bool):
 
 
 def _head_proposer(build: Build, kind: str, tree: bool, tree_size: int | str, tree_topk: int) -> Proposer:
-    from specdec.proposers.heads import EagleProposer, MedusaProposer
+    from specdec.proposers.heads import EagleProposer, MedusaProposer, MLPSpeculatorProposer
 
     head, vocabulary = build.loaded_head, build.head_vocabulary
     if head is None or vocabulary is None:
         raise ValueError(f"method {build.method!r} needs a trained {kind} head (specdec train-head)")
     if head.config.kind != kind:
         raise ValueError(f"method {build.method!r} needs a {kind} head; this checkpoint is {head.config.kind}")
+    if kind == "mlp-speculator":
+        return MLPSpeculatorProposer(head.module, vocabulary)
     if kind == "medusa":
         if tree_size == "auto":
             raise ValueError("--tree-size auto sizes EAGLE-2 trees (eagle-tree, eagle3-tree) from the head's "
@@ -93,4 +95,7 @@ METHOD_ENTRIES = (
            "pass"),
     _entry("medusa", "medusa", True, "Medusa heads on the target's last hidden state draft a static tree "
            "(--tree-size nodes; 0 = a chain)"),
+    _entry("mlp-speculator", "mlp-speculator", False, "the MLP speculator (Wertheimer et al. 2024; `specdec "
+           "train-head --kind mlp-speculator`): one small MLP stage per drafted token on the target's last hidden "
+           "state and the tokens drafted so far, a chain of up to its stages"),
 )

@@ -1,6 +1,7 @@
-"""Proposers over draft heads on the target's hidden states (models/heads/): EAGLE and Medusa.
+"""Proposers over draft heads on the target's hidden states (models/heads/): EAGLE, Medusa and the
+MLP speculator.
 
-Both read ctx.target_hidden: the engine hands over the target's features of
+All read ctx.target_hidden: the engine hands over the target's features of
 the committed tokens the proposer has not seen yet (the prompt after prefill,
 then the root and the accepted drafts of each step, taken from the
 verification forward itself, so they cost nothing extra).
@@ -14,6 +15,8 @@ many of them as pay on this machine, step by step (proposers/tree_budget.py: the
 nodes' path probabilities against the measured cost of verifying them).
 MedusaProposer drafts Medusa's static tree (Cai et al. 2024, Section 2.1.2):
 the paths whose product of measured top-i accuracies is largest.
+MLPSpeculatorProposer drafts a chain, one MLP stage a token, from the last
+committed token's predecessor's feature (Wertheimer et al. 2024).
 Tree nodes are the head's top candidates, not draws, so their verification
 treats them as point masses (sampling/tree.py: still lossless).
 """
@@ -26,7 +29,7 @@ import math
 import torch
 
 from specdec.proposers.tree_budget import TreeBudget
-from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, MedusaHeads
+from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, MedusaHeads, MLPSpeculator
 from specdec.models.native.attention import attention_mask
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.warp import sample_from_probs, warp_logits
@@ -252,3 +255,45 @@ class MedusaProposer(Proposer):
         tokens = [ranked[len(path) - 1][path[-1]] for path in paths]
         parents = [index[path[:-1]] if len(path) > 1 else -1 for path in paths]
         return DraftProposal.of_row(tokens, parents, ctx.token_ids.device)
+
+
+class MLPSpeculatorProposer(Proposer):
+    """A chain of up to config.mlp_stages tokens: stage i reads the state and the token before it
+    (the root, then its own drafts) and drafts greedily or, when sampling, from its warped law
+    (whose probabilities go to the rejection sampler, as EAGLE's chain does). vocab: the head's own
+    output rows (models/heads/loading.py)."""
+
+    reads_target_hidden = True
+
+    def __init__(self, head: MLPSpeculator, vocab: FrozenVocabulary) -> None:
+        self.head, self.vocab = head, vocab
+        self.dtype = next(head.parameters()).dtype
+        self.reset()
+
+    def reset(self) -> None:
+        self.last_feature: torch.Tensor | None = None  # [1, H] the target's feature of the last cached token
+
+    def on_verified(self, num_accepted: torch.Tensor) -> None:
+        pass
+
+    @torch.inference_mode()
+    def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
+        if ctx.target_hidden is not None and ctx.target_hidden.shape[1]:
+            self.last_feature = ctx.target_hidden[0, -1:].to(self.dtype)
+        depth = min(max_k, self.head.config.mlp_stages)
+        if depth < 1 or self.last_feature is None:
+            return DraftProposal.empty(1, ctx.token_ids.device)
+        state, token = self.last_feature, ctx.token_ids[:, -1].to(self.vocab.embedding.device)  # f_j, t_{j+1}
+        tokens, draft_probs = [], []
+        for index in range(depth):
+            state = self.head.stage(index, state, self.vocab.embed(token))
+            logits = self.vocab.logits(state)  # [1, N]
+            if ctx.params.greedy:
+                token = self.vocab.to_target_ids(logits.argmax(dim=-1))
+            else:
+                probs = warp_logits(_full_width(logits, self.vocab, ctx.vocab_size), ctx.params)  # [1, V]
+                token = sample_from_probs(probs, ctx.generator).to(self.vocab.embedding.device)
+                draft_probs.append(probs)
+            tokens.append(int(token[0]))
+        probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, k, V]
+        return DraftProposal.of_row(tokens, None, ctx.token_ids.device, probs)

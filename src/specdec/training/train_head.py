@@ -23,6 +23,9 @@
    Theorem 3.5), so a deep draft matters as often as it is reached.
    Medusa (Cai et al. 2024, Section 2.1.2): the cross-entropy of head d
    against the token d+1 steps ahead, weighted 0.8^(d-1).
+   The MLP speculator (Wertheimer et al. 2024): its stages teacher-forced on
+   the true tokens, as the paper's first phase, each pulled towards the
+   target's distribution with EAGLE-3's acceptance-weighted KL.
 3. Checkpoints: the head's weights as safetensors (what --method eagle and
    medusa load) with the step, losses and held-out accuracies in its
    metadata, and the optimizer beside it (.opt-<token>.pt), so an interrupted
@@ -217,19 +220,27 @@ def unroll_eagle3(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features:
         positions = roots[None].expand(tokens.shape[0], -1)  # step s runs at root j's position j + s
 
 
-def eagle3_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor, aux: torch.Tensor,
-                options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
-    """tokens [B, T], features [B, T, H], aux [B, T, 3H] -> (loss, {"kl_s", "top1_s"} per unrolled step).
+def unroll_mlp_speculator(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+                          roots: torch.Tensor):
+    """Teacher-forced, as fms-extras' first training phase: yields, for each stage i, (i, draft logits
+    [B, P, N], target log-probs [B, P, N]) at the roots j. Stage i reads the true t_{j+1+i} and
+    predicts t_{j+2+i}, whose law is the target's at position j + 1 + i."""
+    state = features[:, roots].float()  # f_j
+    for index in range(head.config.mlp_stages):
+        state = head.stage(index, state, vocab.embed(tokens[:, roots + 1 + index]).float())
+        logits = head.output(state).float()
+        with torch.no_grad():
+            target_logp = torch.log_softmax(vocab.logits(features[:, roots + 1 + index].float()), dim=-1)
+        yield index, logits, target_logp
 
-    options.classification_positions roots per window are unrolled (0: all).
-    """
-    valid = tokens.shape[1] - options.ttt_steps  # roots with a target at every step
-    keep = min(options.classification_positions or valid, valid)
-    roots = torch.randperm(valid, generator=generator, device=tokens.device)[:keep].sort().values
-    reached = torch.ones(tokens.shape[0], keep, device=tokens.device)  # P(drafts before step s accepted)
-    loss = torch.zeros((), device=tokens.device)
+
+def _distillation(unrolled, reached: torch.Tensor, options: TrainOptions) -> tuple[torch.Tensor, dict]:
+    """The chained heads' loss over (step, draft logits, target log-probs) [B, P, N]: each step's KL to
+    the target (plus HASS's top-K term), weighted by the chance the drafts before it were accepted;
+    reached [B, P] starts at ones. Returns (loss, {"kl_s", "top1_s"})."""
+    loss = torch.zeros((), device=reached.device)
     stats = {}
-    for step, logits, target_logp in unroll_eagle3(head, vocab, tokens, features, aux, options.ttt_steps, roots):
+    for step, logits, target_logp in unrolled:
         draft_logp = torch.log_softmax(logits, dim=-1)  # [B, P, N]
         kl = (target_logp.exp() * (target_logp - draft_logp)).sum(-1)  # [B, P]
         step_loss = kl
@@ -242,6 +253,31 @@ def eagle3_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: t
             stats[f"kl_{step + 1}"] = float(kl.mean())
             stats[f"top1_{step + 1}"] = float((draft_logp.argmax(-1) == target_logp.argmax(-1)).float().mean())
     return loss, stats
+
+
+def _roots(tokens: torch.Tensor, depth: int, options: TrainOptions, generator: torch.Generator | None
+           ) -> torch.Tensor:
+    """options.classification_positions roots per window (0: all) with a target at every one of depth steps."""
+    valid = tokens.shape[1] - depth
+    keep = min(options.classification_positions or valid, valid)
+    return torch.randperm(valid, generator=generator, device=tokens.device)[:keep].sort().values
+
+
+def eagle3_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor, aux: torch.Tensor,
+                options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """tokens [B, T], features [B, T, H], aux [B, T, 3H] -> (loss, {"kl_s", "top1_s"} per unrolled step)."""
+    roots = _roots(tokens, options.ttt_steps, options, generator)
+    reached = torch.ones(tokens.shape[0], len(roots), device=tokens.device)  # P(drafts before step s accepted)
+    return _distillation(unroll_eagle3(head, vocab, tokens, features, aux, options.ttt_steps, roots), reached, options)
+
+
+def mlp_speculator_loss(head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+                        options: TrainOptions, generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """tokens [B, T], features [B, T, H] -> (loss, {"kl_s", "top1_s"} per stage): EAGLE-3's distillation
+    (and HASS's top-K term) on the teacher-forced stages."""
+    roots = _roots(tokens, head.config.mlp_stages, options, generator)
+    reached = torch.ones(tokens.shape[0], len(roots), device=tokens.device)
+    return _distillation(unroll_mlp_speculator(head, vocab, tokens, features, roots), reached, options)
 
 
 def medusa_loss(heads, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
@@ -279,24 +315,29 @@ def rank_accuracies(kind: str, head, vocab: FrozenVocabulary, tokens: torch.Tens
     """Held-out: how often the target's choice is the head's i-th choice, per depth.
 
     EAGLE has one depth (the target's top-1 at j+2 from f_j, teacher-forced); EAGLE-3 one per
-    unrolled step, each fed the head's own earlier drafts, as at inference; Medusa one per head.
-    These size Medusa's static tree (proposers/heads.py: medusa_tree).
+    unrolled step, each fed the head's own earlier drafts, as at inference; Medusa one per head;
+    the MLP speculator one per stage, fed the true tokens (what counts once the drafts before it
+    were accepted). These size Medusa's static tree (proposers/heads.py: medusa_tree).
     """
     if kind == "eagle":
         positions = torch.arange(tokens.shape[1] - 1)[None].expand(tokens.shape[0], -1)
         predicted = head(features[:, :-1].float(), vocab.embed(tokens[:, 1:]).float(), positions)
         logits = [vocab.logits(predicted)]
         wanted = [vocab.logits(features[:, 1:].float()).argmax(-1)]
-    elif kind == "eagle3":  # two windows at a time: each step's logits over every root are large
-        hits, counts = torch.zeros(ttt_steps, topk), torch.zeros(ttt_steps)
+    elif kind in ("eagle3", "mlp-speculator"):  # two windows at a time: each step's logits over every root are large
+        depth = ttt_steps if kind == "eagle3" else head.config.mlp_stages
+        hits, counts = torch.zeros(depth, topk), torch.zeros(depth)
         for first in range(0, tokens.shape[0], 2):
             part = slice(first, first + 2)
-            for step, logits, target_logp in unroll_eagle3(head, vocab, tokens[part], features[part], aux[part],
-                                                           ttt_steps):
+            unrolled = unroll_eagle3(head, vocab, tokens[part], features[part], aux[part], ttt_steps) \
+                if kind == "eagle3" else \
+                unroll_mlp_speculator(head, vocab, tokens[part], features[part],
+                                      torch.arange(tokens.shape[1] - depth, device=tokens.device))
+            for step, logits, target_logp in unrolled:
                 ranked = torch.topk(logits, topk, dim=-1).indices
                 hits[step] += (ranked == target_logp.argmax(-1)[..., None]).flatten(0, 1).sum(0).cpu()
                 counts[step] += target_logp.shape[0] * target_logp.shape[1]
-        return [[round(float(hits[s, i] / counts[s]), 4) for i in range(topk)] for s in range(ttt_steps)]
+        return [[round(float(hits[s, i] / counts[s]), 4) for i in range(topk)] for s in range(depth)]
     else:
         labels = reduced_ids(tokens, vocab)
         per_head = head(features.float())  # [B, T, m, H]
@@ -339,7 +380,10 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
     if train_tokens.shape[0] == 0:
         raise ValueError("not enough training windows: raise --max-tokens or lower --seq-len")
 
-    head = build_head(config).to(device)
+    head = build_head(config)
+    if config.kind == "mlp-speculator":
+        head.start_from(vocab.output_weight)
+    head = head.to(device)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=options.lr,
                                   weight_decay=options.weight_decay, betas=(0.9, 0.95))
     start, history = 0, []
@@ -372,12 +416,7 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
             group["lr"] = _lr_at(step, options)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             randomness = torch.Generator(device=device).manual_seed(options.seed * 1_000_003 + step)
-            if config.kind == "eagle":
-                loss, stats = eagle_loss(head, vocab, batch_tokens, batch_features, options, randomness)
-            elif config.kind == "eagle3":
-                loss, stats = eagle3_loss(head, vocab, batch_tokens, batch_features, batch_aux, options, randomness)
-            else:
-                loss, stats = medusa_loss(head, vocab, batch_tokens, batch_features, options, randomness)
+            loss, stats = _loss(config.kind, head, vocab, batch_tokens, batch_features, batch_aux, options, randomness)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(head.parameters(), options.grad_clip)
@@ -399,6 +438,18 @@ def train_head(config: HeadConfig, vocab: FrozenVocabulary, tokens: torch.Tensor
                 f"{', '.join(f'{row[0]:.2f}' for row in accuracies)} -> {checkpoint}")
     bar.close()
     return extra
+
+
+def _loss(kind: str, head, vocab: FrozenVocabulary, tokens: torch.Tensor, features: torch.Tensor,
+          aux: torch.Tensor | None, options: TrainOptions, generator: torch.Generator) -> tuple[torch.Tensor, dict]:
+    """The head kind's paper loss on one batch (module docstring)."""
+    if kind == "eagle":
+        return eagle_loss(head, vocab, tokens, features, options, generator)
+    if kind == "eagle3":
+        return eagle3_loss(head, vocab, tokens, features, aux, options, generator)
+    if kind == "mlp-speculator":
+        return mlp_speculator_loss(head, vocab, tokens, features, options, generator)
+    return medusa_loss(head, vocab, tokens, features, options, generator)
 
 
 def _cpu_bf16() -> bool:

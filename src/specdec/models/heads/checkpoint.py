@@ -15,6 +15,7 @@ from specdec.models.heads.config import HeadConfig
 from specdec.models.heads.eagle import EagleHead
 from specdec.models.heads.eagle3 import Eagle3Head
 from specdec.models.heads.medusa import MedusaHeads
+from specdec.models.heads.mlp_speculator import MLPSpeculator
 from specdec.models.native.linear import make_linear
 
 
@@ -23,7 +24,9 @@ def quantize_head(module: nn.Module, quantize: str) -> None:
     draft step reads them all; in fp32 an EAGLE-3 layer is ~116 MB). Drafts only: exactness
     is verification's."""
     for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
+        if isinstance(child, nn.ModuleList):  # the MLP speculator's stages
+            quantize_head(child, quantize)
+        elif isinstance(child, nn.Linear):
             setattr(module, name, make_linear(child.weight.detach(), None if child.bias is None else
                                               child.bias.detach(), dtype=child.weight.dtype,
                                               device=child.weight.device, quantize=quantize))
@@ -32,6 +35,8 @@ def quantize_head(module: nn.Module, quantize: str) -> None:
 def build_head(config: HeadConfig) -> nn.Module:
     if config.kind == "eagle3":
         return Eagle3Head(config)
+    if config.kind == "mlp-speculator":
+        return MLPSpeculator(config)
     return EagleHead(config) if config.kind == "eagle" else MedusaHeads(config)
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HEAD_KINDS = ("eagle", "eagle3", "medusa")
+HEAD_KINDS = ("eagle", "eagle3", "medusa", "mlp-speculator")
 
 
 @dataclass(frozen=True)
 class HeadConfig:
-    kind: str  # "eagle" | "eagle3" | "medusa"
+    kind: str  # "eagle" | "eagle3" | "medusa" | "mlp-speculator"
     hidden_size: int  # the target's
     target_vocab_size: int  # the target's full vocabulary (token ids below it)
     rms_norm_eps: float = 1e-6
@@ -26,6 +26,9 @@ class HeadConfig:
     norm_before_residual: bool = True
     # Medusa
     num_medusa_heads: int = 0
+    # The MLP speculator: its stages (the longest chain it drafts) and its own output matrix's rows
+    mlp_stages: int = 0
+    draft_vocab_size: int = 0
     # What training measured (teacher-forced, held-out): top-i accuracy of each head /
     # depth, [depth][i]; Medusa's static tree is built from these.
     accuracies: list[list[float]] = field(default_factory=list)
@@ -36,10 +39,13 @@ class HeadConfig:
             raise ValueError(f"unknown head kind {self.kind!r}; choose one of {', '.join(HEAD_KINDS)}")
         if self.kind == "eagle3" and not self.aux_layers:
             raise ValueError("an eagle3 head needs the target layers it reads (aux_layers)")
+        if self.kind == "mlp-speculator" and (self.mlp_stages < 1 or self.draft_vocab_size < 1):
+            raise ValueError("an mlp-speculator head needs stages >= 1 and its vocabulary's size")
 
     @staticmethod
     def for_target(kind: str, decoder_config, *, num_medusa_heads: int = 4, intermediate_size: int | None = None,
-                   target: str = "", aux_layers: list[int] | None = None) -> HeadConfig:
+                   target: str = "", aux_layers: list[int] | None = None, mlp_stages: int = 4,
+                   draft_vocab_size: int = 0) -> HeadConfig:
         """EAGLE's layer copies the target's layer shape (its paper's choice); Medusa needs only H.
         EAGLE-3 reads layers 2, L/2 and L-3 unless told otherwise (vLLM's default)."""
         layers = decoder_config.num_layers
@@ -52,4 +58,6 @@ class HeadConfig:
                           intermediate_size=intermediate_size or decoder_config.intermediate_size,
                           rope_theta=decoder_config.rope_theta,
                           num_medusa_heads=num_medusa_heads if kind == "medusa" else 0, target=target,
+                          mlp_stages=mlp_stages if kind == "mlp-speculator" else 0,
+                          draft_vocab_size=draft_vocab_size if kind == "mlp-speculator" else 0,
                           aux_layers=list(aux_layers or []))

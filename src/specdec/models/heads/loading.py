@@ -70,8 +70,8 @@ def load_head_for(target, kind: str, path: str | Path | None = None, *, for_draf
     """The trained head of `kind` for a loaded target (models.loader.LoadedModel) and the target's
     vocabulary it reads, in the target's dtype on its device; clear errors when either does not fit.
 
-    for_drafting: an EAGLE-3 head on a quantized CPU target drafts through the target's weight
-    format (quantize_head); False keeps the dense weights (export)."""
+    for_drafting: an EAGLE-3 head or an MLP speculator on a quantized CPU target drafts through the
+    target's weight format (quantize_head); False keeps the dense weights (export)."""
     location = locate_head(target.name, kind, path)
     decoder = _feature_decoder(target.runner)
     dtype = decoder.dtype
@@ -87,15 +87,17 @@ def load_head_for(target, kind: str, path: str | Path | None = None, *, for_draf
         raise ValueError(f"{location} was trained for a target with hidden size {head.config.hidden_size} and "
                          f"{head.config.target_vocab_size} tokens ({head.config.target or 'unknown'}); "
                          f"{target.name} has {decoder.config.hidden_size} and {decoder.config.vocab_size}")
-    return _for_drafting(head, frozen_vocabulary(target.runner, target.path, head.vocab_ids, dtype), target,
-                         for_drafting)
+    vocab = frozen_vocabulary(target.runner, target.path, head.vocab_ids, dtype)
+    if head.config.kind == "mlp-speculator":  # it scores with its own trained output rows
+        vocab = FrozenVocabulary.with_output_rows(vocab.embedding, head.module.output.weight.detach(), head.vocab_ids)
+    return _for_drafting(head, vocab, target, for_drafting)
 
 
 def _for_drafting(head: LoadedHead, vocab: FrozenVocabulary, target, for_drafting: bool
                   ) -> tuple[LoadedHead, FrozenVocabulary]:
     quantize = getattr(target, "quantize", "none")
-    if for_drafting and head.config.kind == "eagle3" and target.runner.device.type == "cpu" and \
+    if for_drafting and head.config.kind in ("eagle3", "mlp-speculator") and target.runner.device.type == "cpu" and \
             quantize in ("w4a8", "w8a8", "int8"):
-        quantize_head(head.module, quantize)
+        quantize_head(head.module.proj if head.config.kind == "mlp-speculator" else head.module, quantize)
         vocab.quantize_output(quantize)
     return head, vocab
