@@ -25,7 +25,9 @@ guesses could, and are not priced here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec.analysis.replay import (NGRAM_DRAFT_ORACLE, CostFn, RecordedTurn, ReplayRow, TurnSteps, cheapest_path,
@@ -51,30 +53,53 @@ class CountingRunner:
         return getattr(self.runner, name)
 
 
-def agreement_runs(turns: Sequence[RecordedTurn], runner, window: int | None, vocab_size: int) -> list[list[int]]:
-    """Per turn and answer position p: how many answer tokens from p on the draft guesses in a row,
-    each given the true prefix (the prompt's last `window` tokens at their true positions, as
-    DraftModelProposer reads them, and answer[:p]). Position 0, the prefill's token, is 0."""
-    runs = []
+@dataclass
+class TurnGuesses:
+    """The draft's greedy guess at each answer position p, given the true prefix: agree[p] whether it is
+    answer[p] (p = 0, the prefill's token, False), and features[p] its stop features at chain position 0
+    (proposers/stop_rules.py: the guess's probability, the second highest, the entropy)."""
+
+    agree: list[bool]
+    features: np.ndarray  # [len(answer), 3]
+
+
+def draft_guesses(turns: Sequence[RecordedTurn], runner, window: int | None, vocab_size: int) -> list[TurnGuesses]:
+    """Per turn, the draft's guesses as DraftModelProposer reads the text: the prompt's last `window`
+    tokens at their true positions, then answer[:p]."""
+    found = []
     for turn in turns:
         prompt, answer = turn.prompt_ids, turn.output_ids
         skip = 0 if window is None else max(0, len(prompt) - window)
         text = list(prompt[skip:]) + list(answer[:-1])
         guesses: list[int] = []  # guesses[i]: the draft's next token after text[:i + 1]
+        features = []
         runner.truncate([0], rows=slice(0, 1))
         with torch.inference_mode():
             for start in range(0, len(text), CHUNK):
                 chunk = torch.tensor([text[start:start + CHUNK]], device=runner.device)
                 positions = skip + start + torch.arange(chunk.shape[1], device=runner.device)[None]
-                logits = runner.forward(chunk, positions, rows=slice(0, 1)).logits[0]
-                guesses += match_vocab(logits, vocab_size).argmax(dim=-1).tolist()
+                logits = match_vocab(runner.forward(chunk, positions, rows=slice(0, 1)).logits[0], vocab_size)
+                probs = torch.softmax(logits.float(), dim=-1)
+                top = torch.topk(probs, 2, dim=-1)
+                entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+                guesses += top.indices[:, 0].tolist()
+                features.append(torch.stack([top.values[:, 0], top.values[:, 1], entropy], dim=1).cpu())
         first = len(prompt) - skip - 1  # guesses[first + p] is the guess for answer[p]
         agree = [False] + [guesses[first + p] == answer[p] for p in range(1, len(answer))]
-        row = [0] * (len(answer) + 1)
-        for p in range(len(answer) - 1, 0, -1):
-            row[p] = row[p + 1] + 1 if agree[p] else 0
-        runs.append(row[:len(answer)])
+        found.append(TurnGuesses(agree, torch.cat(features)[first:first + len(answer)].numpy()))
     runner.truncate([0], rows=slice(0, 1))
+    return found
+
+
+def agreement_runs(turns: Sequence[RecordedTurn], runner, window: int | None, vocab_size: int) -> list[list[int]]:
+    """Per turn and answer position p: how many answer tokens from p on the draft guesses in a row,
+    each given the true prefix (draft_guesses). Position 0, the prefill's token, is 0."""
+    runs = []
+    for guessed in draft_guesses(turns, runner, window, vocab_size):
+        row = [0] * (len(guessed.agree) + 1)
+        for p in range(len(guessed.agree) - 1, 0, -1):
+            row[p] = row[p + 1] + 1 if guessed.agree[p] else 0
+        runs.append(row[:len(guessed.agree)])
     return runs
 
 

@@ -25,8 +25,10 @@ so no other row pays for its padding.
 
 With a confidence threshold (`--k auto`; transformers' assistant_confidence_threshold) a row stops
 after the first token it drew with a probability below the threshold: its later guesses would
-mostly be rejected and each costs a draft forward and a verified position. Where to stop depends
-only on the draft's own distribution and draws, never on the target, so verification stays exact.
+mostly be rejected and each costs a draft forward and a verified position. A learned rule
+(proposers/stop_rules.py) stops where the chance the whole chain is accepted falls low. Where to
+stop depends only on the draft's own distribution and draws, never on the target, so verification
+stays exact.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.proposers.batched import BatchProposer
 from specdec.proposers.entry import Build, MethodEntry
+from specdec.proposers.stop_rules import ConfidenceStop, LearnedStop
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -67,7 +70,8 @@ class DraftModelProposer(BatchProposer):
     the native runner's with_batch_size(n) for a batch)."""
 
     def __init__(self, runner: ModelRunner, confidence_threshold: float | None = None,
-                 catch_up_chunk: int = CATCH_UP_CHUNK, context_window: int | None = CONTEXT_WINDOW) -> None:
+                 catch_up_chunk: int = CATCH_UP_CHUNK, context_window: int | None = CONTEXT_WINDOW,
+                 stop_rule: LearnedStop | None = None) -> None:
         if catch_up_chunk < 1:
             raise ValueError(f"catch_up_chunk must be >= 1, got {catch_up_chunk!r}")
         if context_window is not None and context_window < 1:
@@ -75,6 +79,8 @@ class DraftModelProposer(BatchProposer):
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must lie in [0, 1) or be None, got {confidence_threshold!r}")
         self.runner, self.confidence_threshold = runner, confidence_threshold
+        # Where a row's chain stops early (proposers/stop_rules.py): the learned rule where given, else the threshold.
+        self.stop_rule = stop_rule or (None if confidence_threshold is None else ConfidenceStop(confidence_threshold))
         self.catch_up_chunk, self.context_window = catch_up_chunk, context_window
         self.slots = runner.batch_size
         self._proposal_start = [0] * self.slots  # context length when the row's last proposal was made
@@ -149,7 +155,8 @@ class DraftModelProposer(BatchProposer):
         self.runner.truncate([n - skip for n, skip in zip(valid, skipped)], rows=rows)
 
         # 2. Draft up to max_ks[b] tokens per row, each row from its own warp and generator.
-        drafted = list(max_ks)  # per row; lowered where the row stops early (confidence threshold)
+        # Per row: its drafted tokens, lowered where the row stops early, and the stop rule's running state.
+        drafted, survival = list(max_ks), [1.0] * batch
         draft_ids = torch.zeros(batch, k, dtype=torch.int64, device=device)
         sampled = any(not ctx.params.greedy for ctx in contexts)
         draft_probs = torch.zeros(batch, k, contexts[0].vocab_size, device=device) if sampled else None
@@ -166,7 +173,8 @@ class DraftModelProposer(BatchProposer):
                     token = sample_from_probs(probs, ctx.generator)[0]
                     draft_probs[row, i] = probs[0]
                 draft_ids[row, i] = token
-                if self._unsure(logits[row], probs, token):
+                stop, survival[row] = self._stops(logits[row], probs, token, i, survival[row])
+                if stop:
                     drafted[row] = i + 1
             if i + 1 >= max(drafted):
                 break
@@ -188,17 +196,14 @@ class DraftModelProposer(BatchProposer):
         self.runner.forward(ctx.token_ids[:, start:stop].to(device), torch.arange(start, stop, device=device)[None],
                             rows=slice(row, row + 1), last_n_logits=1)
 
-    def _unsure(self, logits: torch.Tensor, probs: torch.Tensor | None, token: torch.Tensor) -> bool:
-        """Was the token just drafted drawn with a probability below the threshold?
-
-        Sampling: the warped probability of the drawn token. Greedy: the top probability of the
-        unwarped distribution (argmax has probability 1 after warping). logits [V], probs [1, V].
-        """
-        if self.confidence_threshold is None:
-            return False
-        if probs is None:
-            probs = torch.softmax(logits.float(), dim=-1)[None]
-        return float(probs[0, token]) < self.confidence_threshold  # host sync: the loop must decide
+    def _stops(self, logits: torch.Tensor, probs: torch.Tensor | None, token: torch.Tensor, position: int,
+               survival: float) -> tuple[bool, float]:
+        """The stop rule on the token just drafted: the distribution it was drawn from (sampling: the warped
+        probs [1, V]; greedy: the softmax of logits [V]) -> (stop after it, the rule's running state)."""
+        if self.stop_rule is None:
+            return False, survival
+        drawn_from = torch.softmax(logits.float(), dim=-1) if probs is None else probs[0]
+        return self.stop_rule.stops(drawn_from, int(token), position, survival)
 
     def on_verified(self, num_accepted: torch.Tensor) -> None:
         # Keep each row's context plus the accepted drafts that were fed; drop the rest.
