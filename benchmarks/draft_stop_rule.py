@@ -70,10 +70,8 @@ def replayed(groups, indices, runner, rule, k: int, cost, draft_cost, vocab_size
     for turns, max_new_tokens in groups:
         chosen = [turn for i, turn in turns if i in indices]
         counting = CountingRunner(runner)
-        threshold = rule.threshold if isinstance(rule, ConfidenceStop) else None
-        learned = rule if isinstance(rule, LearnedStop) else None
         # By hand: the factory builds a draft proposer for a target it loads; this one replays with no target.
-        proposer = DraftModelProposer(counting, threshold, stop_rule=learned)
+        proposer = DraftModelProposer(counting, stop_rule=rule)
         steps_all += replay(chosen, proposer, k, False, max_new_tokens, vocab_size, counting)
         turns_all += chosen
     overall = tally(turns_all, steps_all, cost, draft_cost=draft_cost)["overall"]

@@ -34,6 +34,7 @@ from specdec.analysis.replay import (NGRAM_DRAFT_ORACLE, CostFn, RecordedTurn, R
                                      tally)
 from specdec.proposers.draft_model import CATCH_UP_CHUNK, CONTEXT_WINDOW, match_vocab
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW
+from specdec.proposers.stop_rules import distribution_features
 
 CHUNK = 128  # tokens per teacher-forced forward: bounds the logits held at once ([CHUNK, V] floats)
 
@@ -79,11 +80,8 @@ def draft_guesses(turns: Sequence[RecordedTurn], runner, window: int | None, voc
                 chunk = torch.tensor([text[start:start + CHUNK]], device=runner.device)
                 positions = skip + start + torch.arange(chunk.shape[1], device=runner.device)[None]
                 logits = match_vocab(runner.forward(chunk, positions, rows=slice(0, 1)).logits[0], vocab_size)
-                probs = torch.softmax(logits.float(), dim=-1)
-                top = torch.topk(probs, 2, dim=-1)
-                entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-                guesses += top.indices[:, 0].tolist()
-                features.append(torch.stack([top.values[:, 0], top.values[:, 1], entropy], dim=1).cpu())
+                guesses += logits.argmax(dim=-1).tolist()
+                features.append(distribution_features(torch.softmax(logits.float(), dim=-1)).cpu())
         first = len(prompt) - skip - 1  # guesses[first + p] is the guess for answer[p]
         agree = [False] + [guesses[first + p] == answer[p] for p in range(1, len(answer))]
         found.append(TurnGuesses(agree, torch.cat(features)[first:first + len(answer)].numpy()))

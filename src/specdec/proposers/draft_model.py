@@ -71,7 +71,7 @@ class DraftModelProposer(BatchProposer):
 
     def __init__(self, runner: ModelRunner, confidence_threshold: float | None = None,
                  catch_up_chunk: int = CATCH_UP_CHUNK, context_window: int | None = CONTEXT_WINDOW,
-                 stop_rule: LearnedStop | None = None) -> None:
+                 stop_rule: ConfidenceStop | LearnedStop | None = None) -> None:
         if catch_up_chunk < 1:
             raise ValueError(f"catch_up_chunk must be >= 1, got {catch_up_chunk!r}")
         if context_window is not None and context_window < 1:

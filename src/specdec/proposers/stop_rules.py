@@ -27,11 +27,17 @@ import torch
 STOP_FEATURES = ("token probability", "second probability", "entropy", "log position")
 
 
+def distribution_features(probs: torch.Tensor) -> torch.Tensor:
+    """probs [..., V] -> [..., 3]: the highest probability, the second highest, the entropy (nats)."""
+    top = torch.topk(probs, 2, dim=-1).values
+    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+    return torch.cat([top, entropy[..., None]], dim=-1)
+
+
 def stop_features(probs: torch.Tensor, token: int, position: int) -> list[float]:
     """x_i for the token drawn at chain position `position` (0 = the first) from probs [V]."""
-    top = torch.topk(probs, 2).values
-    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum()
-    return [float(probs[token]), float(top[1]), float(entropy), math.log(position + 1)]
+    _, second, entropy = distribution_features(probs).tolist()
+    return [float(probs[token]), second, entropy, math.log(position + 1)]
 
 
 @dataclass(frozen=True)
