@@ -31,11 +31,16 @@ models: install
 demo: models
 	$(BIN)/specdec demo
 
-# The EAGLE and Medusa heads for the embedded target (--method eagle, eagle-tree, medusa):
-# trained here, once, into the models' cache (resumable; see `specdec train-head --help`).
+# The draft heads for the embedded target (--method mlp-speculator, eagle, eagle-tree, medusa, eagle3),
+# trained here into the models' cache on real chat: ShareGPT's first questions answered by the target
+# itself, once, shared by the four heads (resumable: run it again to go on; `specdec train-head --help`).
+# Time and what they give on a 2-core CPU: docs/heads.md, "Heads for the embedded target: make heads".
+HEAD_DATA = --corpus sharegpt --self-distill 200 --distill-tokens 192 --steps 240
 heads: models
-	$(BIN)/specdec train-head --kind eagle
-	$(BIN)/specdec train-head --kind medusa
+	$(BIN)/specdec train-head --kind mlp-speculator $(HEAD_DATA)
+	$(BIN)/specdec train-head --kind eagle $(HEAD_DATA)
+	$(BIN)/specdec train-head --kind medusa $(HEAD_DATA)
+	$(BIN)/specdec train-head --kind eagle3 $(HEAD_DATA)
 
 # The integration tests serve a specdec-exported EAGLE-3 head with vLLM, hence vllm.
 # Two test processes (pytest-xdist), one per core of the 2-core machines CI runs on; each test

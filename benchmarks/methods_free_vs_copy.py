@@ -9,7 +9,9 @@ decode tok/s against plain per group, tau (tokens per target forward) and whethe
 plain decoding's. Which method the default should be is read from this kind of table.
 
     python benchmarks/methods_free_vs_copy.py [--max-new-tokens 128] [--repeats 2]
-        [--methods default,draft,ngram+draft,copy,copy+draft]
+        [--methods default,draft,ngram+draft,copy,copy+draft,draft:learned]
+
+A method followed by `:RULE` drafts with `--draft-stop RULE` (threshold, learned or a rule file).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 
 from specdec.config import SpecConfig
 from specdec.factory import engine_for, load_models, plain_engine
+from specdec.proposers.draft_model import DraftOptions
 from specdec.sampling import SamplingParams
 
 FREE = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -48,12 +51,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (medians over all)")
     parser.add_argument("--methods", default="default,draft,ngram+draft",
-                        help="comma-separated: `default` (method auto, no draft model) or any --method name")
+                        help="comma-separated: `default` (method auto, no draft model) or any --method name, "
+                             "NAME:RULE for --draft-stop RULE")
     args = parser.parse_args()
     target, draft = load_models(SpecConfig(method="draft"), need_draft=True)
     engines = {"plain": plain_engine(target)}
     for name in args.methods.split(","):
-        config = SpecConfig().resolved("cpu") if name == "default" else SpecConfig(method=name)
+        method, _, stop = name.partition(":")
+        options = (DraftOptions(stop=stop),) if stop else ()
+        config = SpecConfig().resolved("cpu") if name == "default" else SpecConfig(method=method, options=options)
         engines[name] = engine_for(config, target, draft if config.needs_draft_model else None)
     prompts = (FREE + COPY) * args.repeats
     for engine in engines.values():  # a forward of a new width pays one-off setup costs: not in the medians

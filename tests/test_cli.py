@@ -89,6 +89,12 @@ def test_bad_ngram_options_fail_before_loading_any_model(capsys):
     assert "no-such-model" not in err  # refused before the target was looked up
 
 
+def test_a_bad_draft_stop_rule_fails_before_loading_any_model(capsys, tmp_path):
+    code, _, err = run(capsys, "generate", "--target", "no-such-model", "--method", "draft", "--draft", "x",
+                       "--draft-stop", str(tmp_path / "nothing.json"), "hi")
+    assert code == 2 and "nothing.json is not a draft stop rule" in err and "no-such-model" not in err
+
+
 def test_generate_streams_text_and_prints_stats(capsys, model_dirs):
     code, out, err = run(capsys, "generate", "--target", model_dirs["target"], "--draft", model_dirs["draft"],
                          "--max-new-tokens", "10", "--stats", "--temperature", "0.9", "--seed", "3", "abc")

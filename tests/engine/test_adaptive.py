@@ -19,6 +19,7 @@ from specdec.proposers.base import PROPOSER, ProposeContext, Proposer, Source
 from specdec.proposers.hybrid import DRAFT, DRAFT_CONTEXT_WINDOW
 from specdec.proposers.batched import BatchProposer, as_batch
 from specdec.proposers.registry import build_proposer
+from specdec.proposers.stop_rules import ConfidenceStop
 from specdec.sampling import SamplingParams
 
 PROMPT = "the quick brown fox"
@@ -468,9 +469,9 @@ def test_auto_k_backs_off_when_every_draft_fails(target_runner, tokenizer):
 
 def test_the_registry_builds_adaptive_proposers(draft_runner):
     draft = build_proposer("draft", draft_runner=draft_runner, draft_confidence=0.4, adaptive=True)
-    assert draft.confidence_threshold == 0.4
+    assert draft.stop_rule == ConfidenceStop(0.4)
     fixed = build_proposer("draft", draft_runner=draft_runner, draft_confidence=0.4, adaptive=False)
-    assert fixed.confidence_threshold is None  # a fixed k drafts exactly k
+    assert fixed.stop_rule is None  # a fixed k drafts exactly k
     assert build_proposer("ngram", adaptive=True).follow_match
     hybrid = build_proposer("ngram+draft", draft_runner=draft_runner, adaptive=True)
     assert not hybrid.ngram.rows[0].follow_match  # the controller sizes each match length by its own rates

@@ -18,6 +18,7 @@ from specdec.proposers.registry import build_proposer
 from specdec.proposers.copy_corpus import CopyCorpus
 from specdec.proposers.scored_copy import ScoredCopyProposer
 from specdec.proposers.step_costs import StepCosts
+from specdec.proposers.stop_rules import ConfidenceStop
 from specdec.sampling import SamplingParams
 
 REPETITIVE = "the cat sat on the mat. the cat sat on the"
@@ -101,4 +102,4 @@ def test_the_registry_builds_it_only_with_a_draft_model():
         build_proposer("copy+draft")
     proposer = build_proposer("copy+draft", draft_runner=HFRunner(make_model(seed=1, layers=1)))
     assert isinstance(proposer, CopyThenDraftProposer) and proposer.sizes_own_drafts
-    assert proposer.draft.confidence_threshold == 0.4  # it sizes its own steps, whatever k
+    assert proposer.draft.stop_rule == ConfidenceStop(0.4)  # it sizes its own steps, whatever k

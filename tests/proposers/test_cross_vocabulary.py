@@ -21,6 +21,7 @@ from specdec.analysis.lossless import distribution_tests
 from specdec.cli import main
 from specdec.engine import SpecEngine
 from specdec.proposers.base import ProposeContext
+from specdec.proposers.registry import build_proposer
 from specdec.proposers.cross_vocabulary import (RETOKENIZED_TAIL, CrossVocabularyDraftProposer, VocabularyBridge,
                                                 _complete_utf8, token_spellings)
 from specdec.sampling import SamplingParams
@@ -178,9 +179,27 @@ def test_sampling_keeps_the_target_distribution(target_model, tokenizer):
     assert min(t.p_value for t in tests) > 1e-4, tests
 
 
+def test_ngram_then_a_bridged_draft_keeps_the_target_distribution(target_model, tokenizer):
+    draft_tokenizer = other_tokenizer(merges=True)
+    bridge = VocabularyBridge.between(draft_tokenizer, tokenizer, VOCAB_SIZE, VOCAB_SIZE)
+    draft = make_native(moved_copy(make_peaked_model(seed=4), bridge))
+    proposer = build_proposer("ngram+draft", draft_runner=draft, draft_bridge=bridge, adaptive=True,
+                              draft_confidence=0.4)
+    spec = SpecEngine(make_native(target_model), proposer, tokenizer, k="auto")
+    plain = SpecEngine(make_native(target_model), None, tokenizer)
+    params = SamplingParams(temperature=0.9)
+    spec_draws = list(spec.sample_continuations(PROMPTS[0], params, 1000, min_tokens=3))
+    plain_draws = list(plain.sample_continuations(PROMPTS[0], params, 1000, min_tokens=3, seed=10_000))
+    assert proposer.steps_by_draft > 0 and proposer.steps_by_ngram > 0  # both sources drafted
+    assert min(t.p_value for t in distribution_tests(spec_draws, plain_draws)) > 1e-4
+    with pytest.raises(ValueError, match="one request at a time"):
+        build_proposer("ngram+draft", slots=2, draft_runner=draft, draft_bridge=bridge)
+
+
 def test_the_draft_method_bridges_a_draft_with_another_tokenizer(capsys, tmp_path, target_model):
     """Through the command line: `--method draft --draft DIR` with another tokenizer drafts through a
-    bridge (said on stderr), greedy output plain's; methods that pair it with copying refuse it."""
+    bridge (said on stderr), greedy output plain's; so does ngram+draft (and method auto, which picks
+    it); copy+draft, which weighs the draft model's batch against copying, refuses it."""
     target_dir, draft_dir = tmp_path / "target", tmp_path / "draft"
     target_model.save_pretrained(target_dir)
     target_tokenizer().save_pretrained(target_dir)
@@ -196,5 +215,9 @@ def test_the_draft_method_bridges_a_draft_with_another_tokenizer(capsys, tmp_pat
     assert "tokenizer differs" in captured.err and "tokens both spell the same" in captured.err
     result = json.loads(captured.out)
     assert result["token_ids"] == plain and result["stats"]["accepted_tokens"] > 0
-    assert main(["generate", "--method", "ngram+draft", "--draft", str(draft_dir), *common]) == 2
+    for method in ("ngram+draft", "auto"):  # auto with a --draft: ngram+draft, the bridged draft beside the lookup
+        assert main(["generate", "--method", method, "--draft", str(draft_dir), *common]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["method"] == "ngram+draft" and result["token_ids"] == plain
+    assert main(["generate", "--method", "copy+draft", "--draft", str(draft_dir), *common]) == 2
     assert "needs a draft with the target's tokenizer" in capsys.readouterr().err

@@ -13,6 +13,8 @@ from specdec.engine import SpecEngine
 from specdec.models.hf import HFRunner
 from specdec.proposers import DraftModelProposer
 from specdec.proposers.base import ProposeContext
+from specdec.proposers.draft_model import DraftOptions
+from specdec.proposers.registry import build_proposer
 from specdec.proposers.stop_rules import STOP_FEATURES, ConfidenceStop, LearnedStop, stop_features
 from specdec.sampling import SamplingParams
 
@@ -68,3 +70,23 @@ def test_a_rule_round_trips_as_data_and_a_bad_file_is_a_clear_error(tmp_path):
         LearnedStop.load(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="keep"):
         LearnedStop((0.0,) * 4, (1.0,) * 4, (0.0,) * 4, 0.0, 1.5)
+
+
+def test_draft_stop_names_the_threshold_the_shipped_rule_or_a_file(tmp_path):
+    assert DraftOptions().rule(0.3) == ConfidenceStop(0.3)  # the default: --draft-confidence's threshold
+    shipped = DraftOptions(stop="learned").rule(0.3)
+    assert isinstance(shipped, LearnedStop) and 0.0 < shipped.keep < 1.0
+    assert shipped.acceptance([0.99, 0.005, 0.05, 0.0]) > shipped.acceptance([0.3, 0.25, 2.5, 0.0])
+    assert DraftOptions(stop="learned").rule(None) is None  # a fixed k drafts exactly k
+    (tmp_path / "rule.json").write_text(constant(0.7, 0.25).to_json())
+    assert DraftOptions(stop=str(tmp_path / "rule.json")).rule(0.4) == constant(0.7, 0.25)
+    with pytest.raises(ValueError, match="missing.json is not a draft stop rule"):
+        DraftOptions(stop=str(tmp_path / "missing.json"))  # refused when the options are made
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram+draft"])
+def test_the_registry_hands_the_chosen_rule_to_the_draft_model(draft_runner, method):
+    built = build_proposer(method, draft_runner=draft_runner, adaptive=True, draft_confidence=0.4,
+                           draft=DraftOptions(stop="learned"))
+    draft = built if method == "draft" else built.draft
+    assert draft.stop_rule == DraftOptions(stop="learned").rule(0.4)

@@ -40,7 +40,7 @@ import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext
 from specdec.proposers.batched import BatchProposer, RowwiseProposer, pad_proposals, row_of
-from specdec.proposers.draft_model import DEFAULT_CONFIDENCE, DraftModelProposer, draft_model_for
+from specdec.proposers.draft_model import DEFAULT_CONFIDENCE, DraftModelProposer, DraftOptions, draft_model_for
 from specdec.proposers.entry import Build, MethodEntry
 from specdec.proposers.hybrid import DRAFT_CONTEXT_WINDOW
 from specdec.proposers.scored_copy import CopyOptions, CopyPlan, scored_copy_maker
@@ -248,5 +248,5 @@ def _build(build: Build) -> BatchProposer:
 METHOD_ENTRIES = (
     MethodEntry("copy+draft", "scored copying and the draft model: each step drafted by the one whose expected "
                 "tokens per second is higher (copying's fitted score, the draft model's measured rate and time)",
-                _build, needs_draft_model=True, options=(CopyOptions,)),
+                _build, needs_draft_model=True, options=(CopyOptions, DraftOptions)),
 )

@@ -26,6 +26,7 @@ import torch
 
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, committed_since
+from specdec.proposers.stop_rules import ConfidenceStop, LearnedStop
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 CONTEXT_WINDOW = 256  # the target's last tokens a request's draft reads at its start
@@ -127,9 +128,10 @@ class CrossVocabularyDraftProposer(Proposer):
     """runner: the draft model (one row); bridge: its vocabulary beside the target's."""
 
     def __init__(self, runner: ModelRunner, bridge: VocabularyBridge, confidence_threshold: float | None = None,
-                 context_window: int = CONTEXT_WINDOW) -> None:
-        self.runner, self.bridge = runner, bridge
-        self.confidence_threshold, self.context_window = confidence_threshold, context_window
+                 context_window: int = CONTEXT_WINDOW, stop_rule: ConfidenceStop | LearnedStop | None = None) -> None:
+        self.runner, self.bridge, self.context_window = runner, bridge, context_window
+        # As DraftModelProposer's: the learned rule where given, else the threshold (proposers/stop_rules.py).
+        self.stop_rule = stop_rule or (None if confidence_threshold is None else ConfidenceStop(confidence_threshold))
         width = runner.vocab_size
         mapping = bridge.draft_to_target[:width]
         if mapping.shape[0] < width:  # the draft's padding rows: never drafted
@@ -157,7 +159,7 @@ class CrossVocabularyDraftProposer(Proposer):
         if max_k < 1:
             return DraftProposal.empty(1, ctx.token_ids.device)
         logits = self._read(ctx.token_ids)  # [V_draft] at the draft's last context token
-        draft_ids, target_ids, probs = [], [], []
+        draft_ids, target_ids, probs, survival = [], [], [], 1.0
         for i in range(max_k):
             restricted = logits.float().masked_fill(self._unshared, float("-inf"))
             if ctx.params.greedy:
@@ -172,7 +174,8 @@ class CrossVocabularyDraftProposer(Proposer):
                 probs.append(on_target)
             draft_ids.append(token)
             target_ids.append(int(self._to_target[token]))
-            if self._unsure(restricted, chosen, token) or i + 1 == max_k:
+            stop, survival = self._stops(restricted, chosen, token, i, survival)
+            if stop or i + 1 == max_k:
                 break
             position = torch.tensor([[len(self._cached)]], device=self.runner.device)
             logits = self.runner.forward(torch.tensor([[token]], device=self.runner.device), position).logits[0, -1]
@@ -180,12 +183,14 @@ class CrossVocabularyDraftProposer(Proposer):
         return DraftProposal.of_row(target_ids, None, ctx.token_ids.device,
                                     torch.stack(probs)[None] if probs else None)
 
-    def _unsure(self, restricted: torch.Tensor, chosen: torch.Tensor | None, token: int) -> bool:
-        """As DraftModelProposer's -k auto stop: the drawn (greedy: top) probability under the threshold."""
-        if self.confidence_threshold is None:
-            return False
+    def _stops(self, restricted: torch.Tensor, chosen: torch.Tensor | None, token: int, position: int,
+               survival: float) -> tuple[bool, float]:
+        """As DraftModelProposer's -k auto stop, on the distribution the token was drawn from (greedy: the
+        softmax over the shared tokens) -> (stop after it, the rule's running state)."""
+        if self.stop_rule is None:
+            return False, survival
         probs = torch.softmax(restricted, dim=-1) if chosen is None else chosen[0]
-        return float(probs[token]) < self.confidence_threshold
+        return self.stop_rule.stops(probs, token, position, survival)
 
     def _read(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Bring the draft's cache up to the target's committed tokens; its logits at the last one."""

@@ -34,14 +34,17 @@ stays exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from specdec.option_fields import flagged
 from specdec.models.runner import ModelRunner
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.proposers.batched import BatchProposer
 from specdec.proposers.entry import Build, MethodEntry
-from specdec.proposers.stop_rules import ConfidenceStop, LearnedStop
+from specdec.proposers.stop_rules import STOP_RULES, ConfidenceStop, LearnedStop, stop_rule_named
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -65,6 +68,27 @@ CONTEXT_WINDOW = 256  # the draft reads at most this many of the prompt's last t
 DEFAULT_CONFIDENCE = 0.4  # -k auto's stop: below this probability a drafted token ends the row's draft
 
 
+@dataclass(frozen=True)
+class DraftOptions:
+    """Where the draft model's chain stops under -k auto (proposers/stop_rules.py)."""
+
+    GROUP: ClassVar[str] = "draft"
+    TITLE: ClassVar[str] = "the draft model's chain"
+    stop: str = flagged("threshold", "where -k auto stops the draft model's chain: threshold (after a token drawn "
+                        "below --draft-confidence; the default), learned (the chance the whole chain is "
+                        "accepted, estimated from the draft's distribution, falls low: the rule that ships, "
+                        "fitted for the 0.5B Qwen2.5-Coder draft; docs/adaptive-k.md) or FILE, a rule "
+                        "benchmarks/draft_stop_rule.py wrote", parse=str, metavar="threshold|learned|FILE")
+
+    def __post_init__(self) -> None:
+        if self.stop not in STOP_RULES:
+            stop_rule_named(self.stop, DEFAULT_CONFIDENCE)  # a clear error now, not when the model has loaded
+
+    def rule(self, confidence: float | None) -> ConfidenceStop | LearnedStop | None:
+        """The stop rule -k auto uses (confidence: --draft-confidence; None: no early stop, a fixed k)."""
+        return None if confidence is None else stop_rule_named(self.stop, confidence)
+
+
 class DraftModelProposer(BatchProposer):
     """runner: the draft model, one cache row per row of the target's (any ModelRunner for one row;
     the native runner's with_batch_size(n) for a batch)."""
@@ -78,7 +102,7 @@ class DraftModelProposer(BatchProposer):
             raise ValueError(f"context_window must be >= 1 or None, got {context_window!r}")
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must lie in [0, 1) or be None, got {confidence_threshold!r}")
-        self.runner, self.confidence_threshold = runner, confidence_threshold
+        self.runner = runner
         # Where a row's chain stops early (proposers/stop_rules.py): the learned rule where given, else the threshold.
         self.stop_rule = stop_rule or (None if confidence_threshold is None else ConfidenceStop(confidence_threshold))
         self.catch_up_chunk, self.context_window = catch_up_chunk, context_window
@@ -86,6 +110,11 @@ class DraftModelProposer(BatchProposer):
         self._proposal_start = [0] * self.slots  # context length when the row's last proposal was made
         self._fed_drafts = [0] * self.slots  # drafts of that proposal that sit in the row's cache
         self._skipped = [0] * self.slots  # leading context tokens the row's draft never reads
+
+    @property
+    def confidence_threshold(self) -> float | None:
+        """The threshold a ConfidenceStop rule stops below (None: a learned rule, or a fixed k)."""
+        return self.stop_rule.threshold if isinstance(self.stop_rule, ConfidenceStop) else None
 
     def start_row(self, row: int) -> None:
         """Empty the row; the first propose() prefills it (never, if this request is never drafted for)."""
@@ -225,11 +254,12 @@ def draft_model_for(build: Build, confidence: float | None, context_window: int 
         raise ValueError(f"method {build.method!r} needs a draft model (--draft)")
     if build.draft_bridge is not None:
         raise ValueError(f"method {build.method!r} needs a draft with the target's tokenizer; one with another "
-                         "tokenizer drafts alone (--method draft)")
+                         "tokenizer drafts with --method draft or ngram+draft")
     if getattr(build.draft_runner, "batch_size", 1) != build.slots:
         raise ValueError(f"the draft model needs one cache row per slot ({build.slots}): a native runner's "
                          "with_batch_size(slots)")
-    return DraftModelProposer(build.draft_runner, confidence, context_window=context_window)
+    return DraftModelProposer(build.draft_runner, context_window=context_window,
+                              stop_rule=build.option(DraftOptions).rule(confidence))
 
 
 def _build(build: Build) -> Proposer | DraftModelProposer:
@@ -241,11 +271,12 @@ def _build(build: Build) -> Proposer | DraftModelProposer:
     if build.slots != 1:
         raise ValueError("a draft with another tokenizer drafts for one request at a time (generate, bench, "
                          "verify, specdec.load), not for a server's batch")
-    return CrossVocabularyDraftProposer(build.draft_runner, build.draft_bridge, confidence)
+    return CrossVocabularyDraftProposer(build.draft_runner, build.draft_bridge,
+                                        stop_rule=build.option(DraftOptions).rule(confidence))
 
 
 METHOD_ENTRIES = (
     MethodEntry("draft", "a small draft model proposes k tokens, the target verifies them (Chen et al. "
                 "Algorithm 2); one with another tokenizer drafts the tokens both spell the same (Timor et al. "
-                "2025)", _build, needs_draft_model=True, replayable=True),
+                "2025)", _build, needs_draft_model=True, options=(DraftOptions,), replayable=True),
 )

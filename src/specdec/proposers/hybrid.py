@@ -23,7 +23,7 @@ import torch
 
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer, Source
 from specdec.proposers.batched import BatchProposer, as_batch, pad_proposals, row_of
-from specdec.proposers.draft_model import DraftModelProposer, draft_model_for
+from specdec.proposers.draft_model import DraftModelProposer, DraftOptions, draft_model_for
 from specdec.proposers.entry import Build, MethodEntry
 from specdec.proposers.ngram import NgramOptions, NgramProposer
 
@@ -40,12 +40,12 @@ class NgramThenDraftProposer(BatchProposer):
     """ngram: an n-gram Proposer (one row) or a RowwiseProposer of them (one per row of the draft's);
     draft_max_k caps the draft model's tokens per step (a model's guesses decay faster than copied spans)."""
 
-    def __init__(self, ngram: Proposer | BatchProposer, draft: DraftModelProposer,
+    def __init__(self, ngram: Proposer | BatchProposer, draft: DraftModelProposer | BatchProposer,
                  draft_max_k: int | None = None) -> None:
         if draft_max_k is not None and (isinstance(draft_max_k, bool) or not isinstance(draft_max_k, int)
                                         or draft_max_k < 1):
             raise ValueError(f"draft_max_k must be an integer >= 1 or None, got {draft_max_k!r}")
-        if isinstance(ngram, Proposer) and draft.slots != 1:
+        if isinstance(ngram, Proposer) and getattr(draft, "slots", 1) != 1:
             raise ValueError("one n-gram proposer serves one row: give a RowwiseProposer for a batch")
         self.ngram = as_batch(ngram)
         self.draft, self.draft_max_k = draft, draft_max_k
@@ -115,15 +115,29 @@ class NgramThenDraftProposer(BatchProposer):
 
 
 def _build(build: Build) -> BatchProposer:
-    # Beside a copying source the draft reads a shorter window of the prompt (DRAFT_CONTEXT_WINDOW says why).
-    draft = draft_model_for(build, build.draft_confidence if build.adaptive else None, DRAFT_CONTEXT_WINDOW)
     # The lookup's proposals stay max_k long: -k auto sizes each match length by its own rates.
     options = build.option(NgramOptions)
     lookup = build.per_row(lambda: NgramProposer(options.max, options.min, options.tie_break))
-    return NgramThenDraftProposer(lookup, draft, build.draft_k)
+    return NgramThenDraftProposer(lookup, _draft(build), build.draft_k)
+
+
+def _draft(build: Build) -> BatchProposer:
+    """The draft model beside the lookup; beside a copying source it reads a shorter window of the
+    prompt (DRAFT_CONTEXT_WINDOW says why). One with another tokenizer drafts for one request at a time."""
+    confidence = build.draft_confidence if build.adaptive else None
+    if build.draft_bridge is None:
+        return draft_model_for(build, confidence, DRAFT_CONTEXT_WINDOW)
+    from specdec.proposers.cross_vocabulary import CrossVocabularyDraftProposer
+
+    if build.slots != 1:
+        raise ValueError("a draft with another tokenizer drafts for one request at a time (generate, bench, "
+                         "verify, specdec.load), not for a server's batch")
+    return as_batch(CrossVocabularyDraftProposer(build.draft_runner, build.draft_bridge,
+                                                 context_window=DRAFT_CONTEXT_WINDOW,
+                                                 stop_rule=build.option(DraftOptions).rule(confidence)))
 
 
 METHOD_ENTRIES = (
     MethodEntry("ngram+draft", "n-gram lookup first, the draft model when the lookup finds no match", _build,
-                needs_draft_model=True, options=(NgramOptions,), replayable=True),
+                needs_draft_model=True, options=(NgramOptions, DraftOptions), replayable=True),
 )

@@ -10,6 +10,10 @@ SpecDec++ does (Huang et al. 2024, arXiv 2405.19715, Section 3): once the chance
 chain is accepted, prod_{j <= i} C_j, falls below `keep`. `benchmarks/draft_stop_rule.py` fits
 it on recorded greedy answers and chooses `keep` on this machine's costs.
 
+`--draft-stop` chooses: `threshold` (ConfidenceStop at --draft-confidence, the default), `learned` (the
+rule that ships in data/draft_stop_rule.json, fitted for the 0.5B Qwen2.5-Coder draft) or a rule file
+the benchmark wrote (stop_rule_named).
+
 Both read only the draft's own distribution (the one the token was drawn from: the warped one when
 sampling, the unwarped softmax when greedy), never the target's, so whatever they decide,
 verification stays exact.
@@ -20,10 +24,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
 
+STOP_RULES = ("threshold", "learned")  # or a rule file's path
+SHIPPED_RULE = "draft_stop_rule.json"
 STOP_FEATURES = ("token probability", "second probability", "entropy", "log position")
 
 
@@ -80,11 +87,31 @@ class LearnedStop:
     @classmethod
     def load(cls, path: str | Path) -> LearnedStop:
         try:
-            data = json.loads(Path(path).read_text())
+            text = Path(path).read_text()
+        except OSError as error:
+            raise ValueError(f"{path} is not a draft stop rule (benchmarks/draft_stop_rule.py writes one): "
+                             f"{error}") from None
+        return cls.from_text(text, str(path))
+
+    @classmethod
+    def from_text(cls, text: str, where: str) -> LearnedStop:
+        """A rule from its JSON text (where: what to name in an error)."""
+        try:
+            data = json.loads(text)
             if data.get("kind") != "draft stop rule" or data.get("features") != list(STOP_FEATURES):
                 raise ValueError(f"kind {data.get('kind')!r}, features {data.get('features')}")
             return cls(tuple(map(float, data["mean"])), tuple(map(float, data["scale"])),
                        tuple(map(float, data["weights"])), float(data["bias"]), float(data["keep"]))
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path} is not a draft stop rule (benchmarks/draft_stop_rule.py writes one): "
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{where} is not a draft stop rule (benchmarks/draft_stop_rule.py writes one): "
                              f"{error}") from None
+
+
+def stop_rule_named(stop: str, confidence: float) -> ConfidenceStop | LearnedStop:
+    """--draft-stop's rule: "threshold" (at `confidence`), "learned" (the shipped rule) or a rule file."""
+    if stop == "threshold":
+        return ConfidenceStop(confidence)
+    if stop == "learned":
+        return LearnedStop.from_text(resources.files("specdec.data").joinpath(SHIPPED_RULE).read_text(),
+                                     f"the shipped {SHIPPED_RULE}")
+    return LearnedStop.load(stop)
