@@ -1,6 +1,6 @@
 """-k auto's stop rule for the draft model, fitted and judged on recorded greedy answers (issue 62, item 4).
 
-    python benchmarks/draft_stop_rule.py RUN [RUN ...] --costs COSTS [--k 8] [--out DIR]
+    python benchmarks/draft_stop_rule.py RUN [RUN ...] --costs COSTS [--k 8] [--keeps 0.2,0.35,0.5] [--out DIR]
 
 RUN: `specdec bench` folders whose greedy plain answers (the autoregressive rows at temperature 0)
 the draft model replays; COSTS: a `specdec costs --draft` file (the target's forwards and the draft's,
@@ -86,6 +86,8 @@ def main() -> int:
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
     parser.add_argument("--k", type=int, default=8, help="the longest chain (default: 8)")
     parser.add_argument("--out", default=None, help="a folder for report.md, report.json and stop-rule.json")
+    parser.add_argument("--keeps", default=",".join(map(str, KEEPS)),
+                        help=f"the keeps tried on the fitting half, comma-separated (default: {','.join(map(str, KEEPS))})")
     parser.add_argument("--keep", type=float, default=None,
                         help="judge the learned rule with this keep on the held-out half only, beside the threshold, "
                              "instead of choosing it on the fitting half (a third of the replays)")
@@ -124,14 +126,14 @@ def main() -> int:
 
     # The shipped threshold against the learned rule, whose keep is chosen on the fitting half; both judged
     # on the held-out half (each replay runs the draft model over half the answers: minutes on two cores).
-    keeps = KEEPS if args.keep is None else ()
+    keeps = tuple(float(keep) for keep in args.keeps.split(",")) if args.keep is None else ()
     results = {f"threshold {DEFAULT_CONFIDENCE}": {} if args.keep is not None else
                {"fitting": judge("threshold", ConfidenceStop(DEFAULT_CONFIDENCE), "fitting")}}
     for keep in keeps:
         results[f"learned, keep {keep}"] = {"fitting": judge(f"keep {keep}", LearnedStop(**fitted, keep=keep),
                                                              "fitting")}
     best_keep = args.keep if args.keep is not None else \
-        max(KEEPS, key=lambda keep: results[f"learned, keep {keep}"]["fitting"]["speedup"])
+        max(keeps, key=lambda keep: results[f"learned, keep {keep}"]["fitting"]["speedup"])
     results.setdefault(f"learned, keep {best_keep}", {})
     results[f"threshold {DEFAULT_CONFIDENCE}"]["held out"] = judge("threshold", ConfidenceStop(DEFAULT_CONFIDENCE),
                                                                    "held out")

@@ -9,7 +9,7 @@ decode tok/s against plain per group, tau (tokens per target forward) and whethe
 plain decoding's. Which method the default should be is read from this kind of table.
 
     python benchmarks/methods_free_vs_copy.py [--max-new-tokens 128] [--repeats 2]
-        [--methods default,draft,ngram+draft,copy,copy+draft,draft:learned]
+        [--methods default,draft,ngram+draft,copy,copy+draft,draft:learned] [--draft smollm2-135m]
 
 A method followed by `:RULE` drafts with `--draft-stop RULE` (threshold, learned or a rule file).
 """
@@ -53,13 +53,16 @@ def main() -> None:
     parser.add_argument("--methods", default="default,draft,ngram+draft",
                         help="comma-separated: `default` (method auto, no draft model) or any --method name, "
                              "NAME:RULE for --draft-stop RULE")
+    parser.add_argument("--draft", default=None, help="the draft model (default: the embedded 0.5B; "
+                        "smollm2-135m: one with another tokenizer)")
     args = parser.parse_args()
-    target, draft = load_models(SpecConfig(method="draft"), need_draft=True)
+    target, draft = load_models(SpecConfig(method="draft", draft=args.draft), need_draft=True)
     engines = {"plain": plain_engine(target)}
     for name in args.methods.split(","):
         method, _, stop = name.partition(":")
         options = (DraftOptions(stop=stop),) if stop else ()
-        config = SpecConfig().resolved("cpu") if name == "default" else SpecConfig(method=method, options=options)
+        config = SpecConfig().resolved("cpu") if name == "default" else \
+            SpecConfig(method=method, draft=args.draft, options=options)
         engines[name] = engine_for(config, target, draft if config.needs_draft_model else None)
     prompts = (FREE + COPY) * args.repeats
     for engine in engines.values():  # a forward of a new width pays one-off setup costs: not in the medians

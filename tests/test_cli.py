@@ -1,6 +1,7 @@
 """The command line on tiny models saved as ordinary Hugging Face directories."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -228,6 +229,24 @@ def test_train_head_then_generate_with_it_matches_plain(capsys, model_dirs, tmp_
         code, _, err = run(capsys, "train-head", "--kind", kind, "--target", model_dirs["target"], "--out", str(head),
                            "--max-tokens", "2048", "--seq-len", "64", "--steps", "6")
         assert code == 0 and "resuming" in err  # the same command again finds the finished run
+
+
+def test_a_published_mlp_speculator_directory_drafts(capsys, model_dirs, tmp_path):
+    """--method mlp-speculator --head DIR with a checkpoint in fms-extras' layout (IBM's published
+    accelerators): greedy output plain's; export-head has nothing to convert."""
+    from fms_checkpoints import published
+
+    config = json.loads((Path(model_dirs["target"]) / "config.json").read_text())
+    directory = published(tmp_path / "accelerator", emb_dim=config["hidden_size"], inner_dim=config["hidden_size"],
+                          vocab_size=config["vocab_size"])  # widths the target's w4a8 format takes
+    common = ["--target", model_dirs["target"], "--max-new-tokens", "24", "--json", "hello world"]
+    _, out, _ = run(capsys, "generate", "--method", "autoregressive", *common)
+    code, spec, err = run(capsys, "generate", "--method", "mlp-speculator", "--head", str(directory), "-k", "3", *common)
+    assert code == 0, err
+    assert json.loads(spec)["token_ids"] == json.loads(out)["token_ids"] and json.loads(spec)["stats"]["drafted_tokens"]
+    code, _, err = run(capsys, "export-head", "--kind", "mlp-speculator", "--target", model_dirs["target"], "--head",
+                       str(directory), "--out", str(tmp_path / "again"))
+    assert code == 2 and "mlp_speculator directory already" in err
 
 
 def test_eagle3_trains_exports_to_speculators_and_loads_back(capsys, model_dirs, tmp_path):

@@ -153,6 +153,9 @@ def cmd_export_head(args) -> int:
     if args.kind == "mlp-speculator":
         from specdec.models.heads.mlp_speculator_export import export_mlp_speculator
 
+        if vocab is None:
+            raise ValueError(f"{args.head} is an mlp_speculator directory already (fms-extras' layout, vLLM's)")
+
         out = export_mlp_speculator(head, vocab, args.out)
         _log(f"wrote {out}/config.json and model.safetensors (fms-extras mlp_speculator, "
              f"{head.config.mlp_stages} stages)")

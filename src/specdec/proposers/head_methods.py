@@ -60,12 +60,14 @@ def _head_proposer(build: Build, kind: str, tree: bool, tree_size: int | str, tr
     from specdec.proposers.heads import EagleProposer, MedusaProposer, MLPSpeculatorProposer
 
     head, vocabulary = build.loaded_head, build.head_vocabulary
-    if head is None or vocabulary is None:
+    if head is None:
         raise ValueError(f"method {build.method!r} needs a trained {kind} head (specdec train-head)")
     if head.config.kind != kind:
         raise ValueError(f"method {build.method!r} needs a {kind} head; this checkpoint is {head.config.kind}")
-    if kind == "mlp-speculator":
+    if kind == "mlp-speculator":  # a published one (fms-extras' layout) brings its own vocabulary
         return MLPSpeculatorProposer(head.module, vocabulary)
+    if vocabulary is None:
+        raise ValueError(f"method {build.method!r} needs the target's vocabulary beside its {kind} head")
     if kind == "medusa":
         if tree_size == "auto":
             raise ValueError("--tree-size auto sizes EAGLE-2 trees (eagle-tree, eagle3-tree) from the head's "

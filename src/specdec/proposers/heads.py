@@ -30,6 +30,7 @@ import torch
 
 from specdec.proposers.tree_budget import TreeBudget
 from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, MedusaHeads, MLPSpeculator
+from specdec.models.heads.fms_speculator import FMSSpeculator
 from specdec.models.native.attention import attention_mask
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
 from specdec.sampling.warp import sample_from_probs, warp_logits
@@ -258,16 +259,24 @@ class MedusaProposer(Proposer):
 
 
 class MLPSpeculatorProposer(Proposer):
-    """A chain of up to config.mlp_stages tokens: stage i reads the state and the token before it
-    (the root, then its own drafts) and drafts greedily or, when sampling, from its warped law
-    (whose probabilities go to the rejection sampler, as EAGLE's chain does). vocab: the head's own
-    output rows (models/heads/loading.py)."""
+    """A chain of up to its stages' tokens: stage i reads the state and the token before it (the
+    root, then its own drafts) and drafts greedily or, when sampling, from its warped law (whose
+    probabilities go to the rejection sampler, as EAGLE's chain does).
+
+    head: specdec's MLPSpeculator with vocab (the target's embedding, the head's own output rows;
+    models/heads/loading.py), or a published fms-extras one (models/heads/fms_speculator.py:
+    FMSSpeculator, its own embeddings and heads over the target's ids; vocab unused)."""
 
     reads_target_hidden = True
 
-    def __init__(self, head: MLPSpeculator, vocab: FrozenVocabulary) -> None:
+    def __init__(self, head: MLPSpeculator | FMSSpeculator, vocab: FrozenVocabulary | None = None) -> None:
         self.head, self.vocab = head, vocab
+        self.published = isinstance(head, FMSSpeculator)
+        if not self.published and vocab is None:
+            raise ValueError("specdec's MLP speculator drafts through its vocabulary (load_head_for gives it)")
         self.dtype = next(head.parameters()).dtype
+        self.stages = head.stages if self.published else head.config.mlp_stages
+        self.device = next(head.parameters()).device
         self.reset()
 
     def reset(self) -> None:
@@ -280,20 +289,40 @@ class MLPSpeculatorProposer(Proposer):
     def propose(self, ctx: ProposeContext, max_k: int) -> DraftProposal:
         if ctx.target_hidden is not None and ctx.target_hidden.shape[1]:
             self.last_feature = ctx.target_hidden[0, -1:].to(self.dtype)
-        depth = min(max_k, self.head.config.mlp_stages)
+        depth = min(max_k, self.stages)
         if depth < 1 or self.last_feature is None:
             return DraftProposal.empty(1, ctx.token_ids.device)
-        state, token = self.last_feature, ctx.token_ids[:, -1].to(self.vocab.embedding.device)  # f_j, t_{j+1}
+        state, token = self.last_feature, ctx.token_ids[:, -1].to(self.device)  # f_j, t_{j+1}
+        if self.published:
+            if int(token[0]) >= self.head.vocab_size:  # a token of the target's its vocabulary lacks
+                return DraftProposal.empty(1, ctx.token_ids.device)
+            state = self.head.start(state)
         tokens, draft_probs = [], []
         for index in range(depth):
-            state = self.head.stage(index, state, self.vocab.embed(token))
-            logits = self.vocab.logits(state)  # [1, N]
+            state, logits = self._stage(index, state, token)  # logits [1, N]
             if ctx.params.greedy:
-                token = self.vocab.to_target_ids(logits.argmax(dim=-1))
+                token = logits.argmax(dim=-1)
+                token = token if self.published else self.vocab.to_target_ids(token)
             else:
-                probs = warp_logits(_full_width(logits, self.vocab, ctx.vocab_size), ctx.params)  # [1, V]
-                token = sample_from_probs(probs, ctx.generator).to(self.vocab.embedding.device)
+                probs = warp_logits(self._full_width(logits, ctx.vocab_size), ctx.params)  # [1, V]
+                token = sample_from_probs(probs, ctx.generator).to(self.device)
                 draft_probs.append(probs)
             tokens.append(int(token[0]))
         probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, k, V]
         return DraftProposal.of_row(tokens, None, ctx.token_ids.device, probs)
+
+    def _stage(self, index: int, state: torch.Tensor, token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s_{i+1}, stage i's logits over the head's vocabulary) from s_i and the token before."""
+        if self.published:
+            state = self.head.stage(index, state, token)
+            return state, self.head.logits(index, state)
+        state = self.head.stage(index, state, self.vocab.embed(token))
+        return state, self.vocab.logits(state)
+
+    def _full_width(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        if not self.published:
+            return _full_width(logits, self.vocab, vocab_size)
+        if logits.shape[-1] == vocab_size:
+            return logits
+        pad = logits.new_full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)

@@ -56,8 +56,8 @@ def locate_head(target_name: str, kind: str, path: str | Path | None = None) -> 
     """The checkpoint a head method loads (path, else the default for the target); a missing
     one is a FileNotFoundError that says how to train it."""
     location = Path(path) if path else default_head_path(target_name, kind)
-    if kind == "eagle3" and (location / "config.json").is_file():
-        return location  # a speculators / EAGLE-3 directory (speculators.py)
+    if kind in ("eagle3", "mlp-speculator") and (location / "config.json").is_file():
+        return location  # a speculators / EAGLE-3 directory (speculators.py), an fms-extras one (fms_speculator.py)
     if not location.is_file():
         hint = f" --out {location}" if path else ""
         raise FileNotFoundError(f"no trained {kind} head at {location}; train one with: specdec train-head "
@@ -75,6 +75,12 @@ def load_head_for(target, kind: str, path: str | Path | None = None, *, for_draf
     location = locate_head(target.name, kind, path)
     decoder = _feature_decoder(target.runner)
     dtype = decoder.dtype
+    if location.is_dir() and kind == "mlp-speculator":  # a published speculator: its own embeddings and heads
+        from specdec.models.heads.fms_speculator import load_fms_speculator
+
+        head = load_fms_speculator(location, decoder.config.hidden_size, decoder.config.vocab_size, dtype=dtype,
+                                   device=target.runner.device)
+        return _for_drafting(head, None, target, for_drafting)
     if location.is_dir():
         head, vocab = load_speculators(location, decoder, decoder.embedding.detach(), dtype=dtype,
                                        device=target.runner.device)
@@ -93,11 +99,14 @@ def load_head_for(target, kind: str, path: str | Path | None = None, *, for_draf
     return _for_drafting(head, vocab, target, for_drafting)
 
 
-def _for_drafting(head: LoadedHead, vocab: FrozenVocabulary, target, for_drafting: bool
-                  ) -> tuple[LoadedHead, FrozenVocabulary]:
+def _for_drafting(head: LoadedHead, vocab: FrozenVocabulary | None, target, for_drafting: bool
+                  ) -> tuple[LoadedHead, FrozenVocabulary | None]:
+    """vocab None: a published MLP speculator, whose projections and heads are all its own."""
     quantize = getattr(target, "quantize", "none")
     if for_drafting and head.config.kind in ("eagle3", "mlp-speculator") and target.runner.device.type == "cpu" and \
             quantize in ("w4a8", "w8a8", "int8"):
-        quantize_head(head.module.proj if head.config.kind == "mlp-speculator" else head.module, quantize)
-        vocab.quantize_output(quantize)
+        quantize_head(head.module.proj if head.config.kind == "mlp-speculator" and vocab is not None else head.module,
+                      quantize)
+        if vocab is not None:
+            vocab.quantize_output(quantize)
     return head, vocab
