@@ -197,6 +197,10 @@ def add_head_args(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
                             ("; comma-separated: every tree method at every size, interleaved" if sweep else ""))
     heads.add_argument("--tree-topk", type=positive_int, default=4,
                        help="eagle-tree: candidates per expanded node and nodes expanded per layer (default: 4)")
+    heads.add_argument("--head-confidence", type=probability, default=0.0, metavar="P",
+                       help="-k auto: a head's chain (eagle, eagle3, mlp-speculator) stops after a token its head "
+                            "gave probability below P, as --draft-confidence stops the draft model's (default: 0 "
+                            "= never; the controller's k alone)")
 
 
 def add_option_groups(parser: argparse.ArgumentParser, kinds: Sequence[type] | None = None, *,
@@ -271,6 +275,7 @@ def config_from_args(args: argparse.Namespace, *, resolve: bool = True, grid: bo
         draft_vocab=option("draft_vocab"),
         # bench's --tree-size is a list (grid): each grid cell sets its own
         options=(*options_from_args(args).values(),
-                 HeadOptions(option("head"), None if grid else option("tree_size"), option("tree_topk", 4))),
+                 HeadOptions(option("head"), None if grid else option("tree_size"), option("tree_topk", 4),
+                             option("head_confidence", 0.0))),
     )
     return config.resolved() if resolve else config

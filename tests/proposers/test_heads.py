@@ -14,7 +14,9 @@ from specdec.models.hf import HFRunner
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import RowwiseProposer
 from specdec.proposers.heads import EagleProposer, MedusaProposer, MLPSpeculatorProposer, medusa_tree
+from specdec.proposers.head_methods import HeadOptions
 from specdec.proposers.registry import build_proposer
+from specdec.proposers.stop_rules import ConfidenceStop
 from specdec.sampling import SamplingParams
 from specdec.training.train_head import TrainOptions, extract_features, load_features, train_head
 
@@ -130,7 +132,10 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, vocab, windows, tmp
 def _proposers(eagle, medusa, vocab, mlp=None):
     return {
         "mlp chain": lambda: MLPSpeculatorProposer(mlp[1].module, mlp_vocabulary(vocab, mlp[1])),
+        "mlp chain stopping": lambda: MLPSpeculatorProposer(mlp[1].module, mlp_vocabulary(vocab, mlp[1]),
+                                                            stop_rule=ConfidenceStop(0.5)),
         "eagle chain": lambda: EagleProposer(eagle[1].module, vocab),
+        "eagle chain stopping": lambda: EagleProposer(eagle[1].module, vocab, stop_rule=ConfidenceStop(0.5)),
         "eagle tree": lambda: EagleProposer(eagle[1].module, vocab, tree_size=8, tree_topk=3),
         "eagle tree auto": lambda: EagleProposer(eagle[1].module, vocab, tree_size="auto", tree_topk=3),
         "medusa chain": lambda: MedusaProposer(medusa[1].module, vocab),
@@ -140,7 +145,7 @@ def _proposers(eagle, medusa, vocab, mlp=None):
 
 
 @pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa chain", "medusa tree",
-                                  "mlp chain"])
+                                  "mlp chain", "mlp chain stopping", "eagle chain stopping"])
 def test_greedy_with_a_head_is_plain_greedy(name, target, vocab, eagle, medusa, mlp):
     proposer = _proposers(eagle, medusa, vocab, mlp)[name]()
     spec = SpecEngine(target, proposer, None, k=4, eos_token_ids=frozenset())
@@ -221,7 +226,8 @@ class PathCounter(Proposer):
         self.inner.on_verified(num_accepted)
 
 
-@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa tree", "mlp chain"])
+@pytest.mark.parametrize("name", ["eagle chain", "eagle tree", "eagle tree auto", "medusa tree", "mlp chain",
+                                  "mlp chain stopping"])
 def test_sampling_with_a_head_keeps_the_target_distribution(name, target, vocab, eagle, medusa, mlp):
     """1000 speculative draws at T=0.8 against 1000 plain ones: first token and first two tokens."""
     params = SamplingParams(temperature=0.8)
@@ -306,6 +312,32 @@ def test_an_auto_sized_tree_grows_only_while_deeper_nodes_can_pay(target, vocab,
     finally:
         hook.remove()
     assert len(calls) == forwards
+
+
+@pytest.mark.parametrize("kind", ["eagle", "mlp-speculator"])
+def test_head_confidence_stops_a_chain_under_k_auto_only(kind, target, vocab, eagle, mlp):
+    """--head-confidence P: the chain ends after the first token the head gave less than P; with k auto
+    only (a fixed k drafts all k), and never on a token the head is sure of."""
+    head = eagle[1] if kind == "eagle" else mlp[1]
+    vocabulary = vocab if kind == "eagle" else mlp_vocabulary(vocab, head)
+    options = dict(loaded_head=head, head_vocabulary=vocabulary, head=HeadOptions(confidence=0.999))
+    assert build_proposer(kind, adaptive=True, **options).stop_rule == ConfidenceStop(0.999)
+    assert build_proposer(kind, adaptive=False, **options).stop_rule is None
+    assert build_proposer(kind, adaptive=True, loaded_head=head, head_vocabulary=vocabulary).stop_rule is None
+    spec = SpecEngine(target, build_proposer(kind, adaptive=True, **options), None, k=3, eos_token_ids=frozenset())
+    lengths = set()
+    original = spec.proposer.propose
+
+    def recording(ctx, max_k):
+        proposal = original(ctx, max_k)
+        lengths.add(int(proposal.num_tokens[0]))
+        return proposal
+
+    spec.proposer.propose = recording
+    spec.generate(PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=24)
+    assert lengths == {1}  # no tiny head is 99.9% sure of its first token
+    with pytest.raises(ValueError, match="confidence threshold"):
+        HeadOptions(confidence=1.0)
 
 
 def test_medusa_tree_keeps_the_most_likely_paths():

@@ -12,6 +12,7 @@ from specdec.option_fields import is_int
 from specdec.proposers.base import Proposer
 from specdec.proposers.batched import BatchProposer
 from specdec.proposers.entry import Build, MethodEntry
+from specdec.proposers.stop_rules import ConfidenceStop
 
 DEFAULT_TREE_SIZE = 10
 
@@ -24,15 +25,19 @@ class HeadOptions:
     (None: the one trained for the target in the models' cache); tree_size: drafted nodes
     per step (None: the method's default; "auto": EAGLE-2 trees sized each step from the
     head's confidence and the measured verification costs); tree_topk: candidates per
-    expanded node. Its flags are cli_options.add_head_args' (bench takes lists of tree sizes)."""
+    expanded node; confidence: under -k auto a chain stops after a token its head gave a probability
+    below this (0: never). Its flags are cli_options.add_head_args' (bench takes lists of tree sizes)."""
 
     GROUP: ClassVar[str] = "head"
     TITLE: ClassVar[str] = "draft heads"
     path: str | None = None
     tree_size: int | str | None = None
     tree_topk: int = 4
+    confidence: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.confidence < 1.0:
+            raise ValueError(f"a head's confidence threshold must lie in [0, 1), got {self.confidence!r}")
         if self.tree_size not in (None, "auto") and (not is_int(self.tree_size) or self.tree_size < 0):
             raise ValueError(f"tree_size must be an integer >= 0, 'auto' or None, got {self.tree_size!r}")
         if not is_int(self.tree_topk) or self.tree_topk < 1:
@@ -51,12 +56,14 @@ def _build(kind: str, tree: bool):
 
         # Every row's proposer is made here (RowwiseProposer makes them all at once): a missing or
         # mismatched head is a clear error now.
-        return build.per_row(lambda: _head_proposer(build, kind, tree, size, options.tree_topk))
+        stop = ConfidenceStop(options.confidence) if build.adaptive and options.confidence > 0 else None
+        return build.per_row(lambda: _head_proposer(build, kind, tree, size, options.tree_topk, stop))
 
     return build
 
 
-def _head_proposer(build: Build, kind: str, tree: bool, tree_size: int | str, tree_topk: int) -> Proposer:
+def _head_proposer(build: Build, kind: str, tree: bool, tree_size: int | str, tree_topk: int,
+                   stop: ConfidenceStop | None) -> Proposer:
     from specdec.proposers.heads import EagleProposer, MedusaProposer, MLPSpeculatorProposer
 
     head, vocabulary = build.loaded_head, build.head_vocabulary
@@ -65,7 +72,7 @@ def _head_proposer(build: Build, kind: str, tree: bool, tree_size: int | str, tr
     if head.config.kind != kind:
         raise ValueError(f"method {build.method!r} needs a {kind} head; this checkpoint is {head.config.kind}")
     if kind == "mlp-speculator":  # a published one (fms-extras' layout) brings its own vocabulary
-        return MLPSpeculatorProposer(head.module, vocabulary)
+        return MLPSpeculatorProposer(head.module, vocabulary, stop_rule=stop)
     if vocabulary is None:
         raise ValueError(f"method {build.method!r} needs the target's vocabulary beside its {kind} head")
     if kind == "medusa":
@@ -74,7 +81,7 @@ def _head_proposer(build: Build, kind: str, tree: bool, tree_size: int | str, tr
                              "confidence; give medusa a number")
         return MedusaProposer(head.module, vocabulary, tree_size=tree_size, accuracies=head.config.accuracies or None)
     if not tree:
-        return EagleProposer(head.module, vocabulary)
+        return EagleProposer(head.module, vocabulary, stop_rule=stop)
     size = tree_size if tree_size == "auto" else max(tree_size, 1)
     return EagleProposer(head.module, vocabulary, tree_size=size, tree_topk=tree_topk)
 

@@ -33,6 +33,7 @@ from specdec.models.heads import EagleHead, FrozenVocabulary, HeadKVCache, Medus
 from specdec.models.heads.fms_speculator import FMSSpeculator
 from specdec.models.native.attention import attention_mask
 from specdec.proposers.base import DraftProposal, ProposeContext, Proposer
+from specdec.proposers.stop_rules import ConfidenceStop
 from specdec.sampling.warp import sample_from_probs, warp_logits
 
 
@@ -40,6 +41,18 @@ def _full_width(reduced_logits: torch.Tensor, vocab: FrozenVocabulary, vocab_siz
     """[..., N] over the head's vocabulary -> [..., V] with -inf outside it."""
     full = reduced_logits.new_full((*reduced_logits.shape[:-1], vocab_size), float("-inf"))
     return full.index_copy_(-1, vocab.vocab_ids, reduced_logits)
+
+
+def _chain_stops(rule: ConfidenceStop | None, logits: torch.Tensor, probs: torch.Tensor | None, token: torch.Tensor,
+                 index: int) -> bool:
+    """Whether a chain stops after the token just drafted (--head-confidence): greedy, its softmax over
+    the head's vocabulary at the argmax; sampling, the warped law [1, V] at the drawn token."""
+    if rule is None:
+        return False
+    if probs is None:
+        chosen = torch.softmax(logits[0].float(), dim=-1)
+        return rule.stops(chosen, int(chosen.argmax()), index, 1.0)[0]
+    return rule.stops(probs[0], int(token[0]), index, 1.0)[0]
 
 
 class EagleProposer(Proposer):
@@ -51,7 +64,7 @@ class EagleProposer(Proposer):
     reads_target_hidden = True
 
     def __init__(self, head: EagleHead, vocab: FrozenVocabulary, *, tree_size: int | str = 0, tree_topk: int = 4,
-                 max_tree_size: int = 64) -> None:
+                 max_tree_size: int = 64, stop_rule: ConfidenceStop | None = None) -> None:
         if tree_size != "auto" and (isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0):
             raise ValueError(f"tree_size must be an integer >= 0 (0 = a chain) or 'auto', got {tree_size!r}")
         if tree_topk < 1:
@@ -63,6 +76,7 @@ class EagleProposer(Proposer):
         self.head, self.vocab = head, vocab
         self.target_layers = tuple(head.config.aux_layers)  # the target features it reads; () = the final ones
         self.tree_size, self.tree_topk = tree_size, tree_topk
+        self.stop_rule = stop_rule  # a chain's early stop (-k auto, --head-confidence)
         self.dtype = next(head.parameters()).dtype
         self.reset()
 
@@ -109,6 +123,7 @@ class EagleProposer(Proposer):
         tokens, draft_probs = [], []
         for index in range(max_k):
             logits = self.vocab.logits(self.head.to_output(feature[:, -1]))  # [1, N]
+            probs = None
             if ctx.params.greedy:
                 token = self.vocab.to_target_ids(logits.argmax(dim=-1))  # [1]
             else:
@@ -116,6 +131,8 @@ class EagleProposer(Proposer):
                 token = sample_from_probs(probs, ctx.generator)
                 draft_probs.append(probs)
             tokens.append(int(token[0]))
+            if _chain_stops(self.stop_rule, logits, probs, token, index):
+                break
             if index + 1 < max_k:
                 feature = self.head(feature, self.vocab.embed(token[None]), torch.tensor([[position]]),
                                     cache=self.cache)
@@ -269,8 +286,9 @@ class MLPSpeculatorProposer(Proposer):
 
     reads_target_hidden = True
 
-    def __init__(self, head: MLPSpeculator | FMSSpeculator, vocab: FrozenVocabulary | None = None) -> None:
-        self.head, self.vocab = head, vocab
+    def __init__(self, head: MLPSpeculator | FMSSpeculator, vocab: FrozenVocabulary | None = None, *,
+                 stop_rule: ConfidenceStop | None = None) -> None:
+        self.head, self.vocab, self.stop_rule = head, vocab, stop_rule  # stop_rule: -k auto's early stop
         self.published = isinstance(head, FMSSpeculator)
         if not self.published and vocab is None:
             raise ValueError("specdec's MLP speculator drafts through its vocabulary (load_head_for gives it)")
@@ -300,6 +318,7 @@ class MLPSpeculatorProposer(Proposer):
         tokens, draft_probs = [], []
         for index in range(depth):
             state, logits = self._stage(index, state, token)  # logits [1, N]
+            probs = None
             if ctx.params.greedy:
                 token = logits.argmax(dim=-1)
                 token = token if self.published else self.vocab.to_target_ids(token)
@@ -308,6 +327,8 @@ class MLPSpeculatorProposer(Proposer):
                 token = sample_from_probs(probs, ctx.generator).to(self.device)
                 draft_probs.append(probs)
             tokens.append(int(token[0]))
+            if _chain_stops(self.stop_rule, logits, probs, token, index):
+                break
         probs = torch.stack(draft_probs, dim=1) if draft_probs else None  # [1, k, V]
         return DraftProposal.of_row(tokens, None, ctx.token_ids.device, probs)
 
