@@ -1,6 +1,7 @@
 """-k auto's stop rule for the draft model, fitted and judged on recorded greedy answers (issue 62, item 4).
 
-    python benchmarks/draft_stop_rule.py RUN [RUN ...] --costs COSTS [--k 8] [--keeps 0.2,0.35,0.5] [--out DIR]
+    python benchmarks/draft_stop_rule.py RUN [RUN ...] --costs COSTS [--k 8] [--keeps 0.2,0.35,0.5] [--thresholds 0.4]
+        [--out DIR]
 
 RUN: `specdec bench` folders whose greedy plain answers (the autoregressive rows at temperature 0)
 the draft model replays; COSTS: a `specdec costs --draft` file (the target's forwards and the draft's,
@@ -12,8 +13,9 @@ timed in one process). No target model is loaded.
    fitting half a logistic C_i (proposers/stop_rules.py: LearnedStop) is fitted on every chain
    position i a chain started at any answer position reaches while its guesses agree.
 3. The real DraftModelProposer replays the answers at k (analysis/replay.py: replay) with each rule:
-   the shipped confidence threshold and the learned rule, whose `keep` is chosen on the fitting half by replayed speed, then both are judged on the
-   held-out half. Speed: decode only, against plain decoding, priced by COSTS.
+   confidence thresholds (--thresholds) and the learned rule at each keep (--keeps); the best of each
+   family on the fitting half, by replayed speed, is judged on the held-out half. Speed: decode only,
+   against plain decoding, priced by COSTS.
 
 Writes DIR/report.md, DIR/report.json and DIR/stop-rule.json (the learned rule, fitted on the fitting
 half, with its chosen keep).
@@ -88,6 +90,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="a folder for report.md, report.json and stop-rule.json")
     parser.add_argument("--keeps", default=",".join(map(str, KEEPS)),
                         help=f"the keeps tried on the fitting half, comma-separated (default: {','.join(map(str, KEEPS))})")
+    parser.add_argument("--thresholds", default=str(DEFAULT_CONFIDENCE),
+                        help=f"the confidence thresholds tried on the fitting half (default: {DEFAULT_CONFIDENCE})")
     parser.add_argument("--keep", type=float, default=None,
                         help="judge the learned rule with this keep on the held-out half only, beside the threshold, "
                              "instead of choosing it on the fitting half (a third of the replays)")
@@ -124,30 +128,37 @@ def main() -> int:
         print(f"{name}, {half} half: {found}", file=sys.stderr, flush=True)
         return found
 
-    # The shipped threshold against the learned rule, whose keep is chosen on the fitting half; both judged
-    # on the held-out half (each replay runs the draft model over half the answers: minutes on two cores).
+    # Thresholds against the learned rule: each family's best (the threshold, the keep) chosen on the fitting
+    # half, both judged on the held-out half (each replay runs the draft model over half the answers: minutes
+    # on two cores). --keep: no choosing, the shipped threshold against that keep on the held-out half only.
     keeps = tuple(float(keep) for keep in args.keeps.split(",")) if args.keep is None else ()
-    results = {f"threshold {DEFAULT_CONFIDENCE}": {} if args.keep is not None else
-               {"fitting": judge("threshold", ConfidenceStop(DEFAULT_CONFIDENCE), "fitting")}}
+    thresholds = tuple(float(value) for value in args.thresholds.split(",")) if args.keep is None else ()
+    results = {}
+    for value in thresholds:
+        results[f"threshold {value}"] = {"fitting": judge(f"threshold {value}", ConfidenceStop(value), "fitting")}
     for keep in keeps:
         results[f"learned, keep {keep}"] = {"fitting": judge(f"keep {keep}", LearnedStop(**fitted, keep=keep),
                                                              "fitting")}
-    best_keep = args.keep if args.keep is not None else \
-        max(keeps, key=lambda keep: results[f"learned, keep {keep}"]["fitting"]["speedup"])
-    results.setdefault(f"learned, keep {best_keep}", {})
-    results[f"threshold {DEFAULT_CONFIDENCE}"]["held out"] = judge("threshold", ConfidenceStop(DEFAULT_CONFIDENCE),
-                                                                   "held out")
-    results[f"learned, keep {best_keep}"]["held out"] = judge(f"keep {best_keep}",
-                                                              LearnedStop(**fitted, keep=best_keep), "held out")
+
+    def best(names: dict) -> float:
+        return max(names, key=lambda value: results[names[value]]["fitting"]["speedup"])
+
+    best_keep = args.keep if args.keep is not None else best({keep: f"learned, keep {keep}" for keep in keeps})
+    best_threshold = DEFAULT_CONFIDENCE if args.keep is not None else \
+        best({value: f"threshold {value}" for value in thresholds})
+    results.setdefault(f"threshold {best_threshold}", {})["held out"] = judge(
+        f"threshold {best_threshold}", ConfidenceStop(best_threshold), "held out")
+    results.setdefault(f"learned, keep {best_keep}", {})["held out"] = judge(
+        f"keep {best_keep}", LearnedStop(**fitted, keep=best_keep), "held out")
     report = {"costs": label, "draft_costs": draft_label, "k": args.k, "turns": len(turns),
               "fitting_turns": len(fitting), "positions": len(y), "rule": fitted, "results": results,
-              "chosen": {"keep": best_keep}}
+              "chosen": {"keep": best_keep, "threshold": best_threshold}}
     lines = [f"k = {args.k}; costs: {label}; {draft_label}", "",
              "| rule | fitting half: speedup (tau, drafted/step) | held out |", "|---|---|---|"]
     for name, row in results.items():
         cells = [f"{row[h]['speedup']:.3f}x ({row[h]['tau']:.2f}, {row[h]['drafted_per_step']:.2f})" if h in row
                  else "" for h in ("fitting", "held out")]
-        chosen = args.keep is None and name == f"learned, keep {best_keep}"
+        chosen = args.keep is None and name in (f"learned, keep {best_keep}", f"threshold {best_threshold}")
         lines.append(f"| {name}{' (chosen)' if chosen else ''} | {cells[0]} | "
                      f"{cells[1]} |")
     print("\n".join(lines))
