@@ -11,7 +11,8 @@ plain decoding's. Which method the default should be is read from this kind of t
     python benchmarks/methods_free_vs_copy.py [--max-new-tokens 128] [--repeats 2]
         [--methods default,draft,ngram+draft,copy,copy+draft,draft:learned] [--draft smollm2-135m]
 
-A method followed by `:RULE` drafts with `--draft-stop RULE` (threshold, learned or a rule file).
+A method followed by `:RULE` drafts with `--draft-stop RULE` (threshold, learned or a rule file), by
+`:P` (a number) with `--draft-confidence P`.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (medians over all)")
     parser.add_argument("--methods", default="default,draft,ngram+draft",
                         help="comma-separated: `default` (method auto, no draft model) or any --method name, "
-                             "NAME:RULE for --draft-stop RULE")
+                             "NAME:RULE for --draft-stop RULE, NAME:P for --draft-confidence P")
     parser.add_argument("--draft", default=None, help="the draft model (default: the embedded 0.5B; "
                         "smollm2-135m: one with another tokenizer)")
     args = parser.parse_args()
@@ -60,9 +61,11 @@ def main() -> None:
     engines = {"plain": plain_engine(target)}
     for name in args.methods.split(","):
         method, _, stop = name.partition(":")
-        options = (DraftOptions(stop=stop),) if stop else ()
+        threshold = stop.replace(".", "", 1).isdigit()  # NAME:0.6: the confidence threshold 0.6
+        options = (DraftOptions(stop=stop),) if stop and not threshold else ()
+        confidence = float(stop) if threshold else SpecConfig.draft_confidence
         config = SpecConfig().resolved("cpu") if name == "default" else \
-            SpecConfig(method=method, draft=args.draft, options=options)
+            SpecConfig(method=method, draft=args.draft, options=options, draft_confidence=confidence)
         engines[name] = engine_for(config, target, draft if config.needs_draft_model else None)
     prompts = (FREE + COPY) * args.repeats
     for engine in engines.values():  # a forward of a new width pays one-off setup costs: not in the medians
