@@ -16,10 +16,14 @@ fold's held-out fit and with the scorer the package ships (fitted on all of thes
 and with --copy-trees (held-out): trees of the diverging candidates, sized by the cost table.
 Each as a fraction of the copy ceiling's decode-only speedup, per category, under each cost table;
 "matched ceiling" is the best any candidate offers (a copy must follow a match of the tail).
+Between the logistic chooser and the matched ceiling, two half-oracles say where it loses
+(analysis/candidates.half_oracle_choosers): its candidate drafted exactly as far as the answer
+follows it, and its length drafted from the candidate the answer follows furthest.
 
     python benchmarks/candidate_scorer.py \\
         --costs fast=benchmarks/results/draft-oracle-zen4/verify_cost_with_draft.json \\
         --costs slow=benchmarks/results/draft-oracle-zen4/verify_cost_with_draft_slow.json \\
+        --costs zen3=benchmarks/results/verify_cost_zen3_w4a8.json \\
         --costs flat=flat --out benchmarks/results/candidates
 """
 
@@ -46,6 +50,16 @@ from specdec.proposers.suffix import SuffixOptions
 
 RUNS = ("benchmarks/results/agent-loop-zen3", "benchmarks/results/suffix/agentic-stream.jsonl",
         "benchmarks/results/draft-oracle-zen4", "benchmarks/results/model-free-zen4")
+
+
+# The issue's two yardsticks: the eight categories of the bench suites (peers.py's) and the agentic ones.
+GROUPS = {"bench suites": ("code-edit", "extraction", "humaneval", "math", "mt-bench", "rag", "retrieval-qa",
+                           "translation"),
+          "agentic": ("log-summary", "multi-edit", "sql", "sql-loop", "tool-call", "tool-loop")}
+
+
+def group_of(category: str) -> str:
+    return next((name for name, members in GROUPS.items() if category in members), "other")
 
 
 def load(path: str):
@@ -119,7 +133,7 @@ def main() -> None:
         totals: dict[str, dict[str, Tally]] = {}
 
         def add(label, turn, steps, time_):
-            for key in (turn.category, "overall"):
+            for key in (turn.category, group_of(turn.category), "overall"):
                 totals.setdefault(label, {}).setdefault(key, Tally()).add(turn, steps, time_)
 
         for header, turns, cs in runs:
@@ -131,15 +145,15 @@ def main() -> None:
                 proposer = ScoredCopyProposer(scorer, step_costs=pricing, trees=trees)
                 return replay(turns, proposer, k, stream, cap)
 
-            def method(name, k_, **fields):  # the proposer `specdec generate --method NAME -k K` drafts with
-                return replay(turns, proposer_for(SpecConfig(method=name, k=k_, **fields), None), k, stream, cap)
+            def method(name, k_, *options):  # the proposer `specdec generate --method NAME -k K` drafts with
+                return replay(turns, proposer_for(SpecConfig(method=name, k=k_, options=options), None), k, stream, cap)
 
             by_fold = {held: live(fits[held]) for held in (0, 1)}
             trees_by_fold = {held: live(fits[held], trees=True) for held in (0, 1)}
             replayed = {
                 f"ngram k={k}": method("ngram", k),
                 f"ngram auto rule, k<={k}": method("ngram", "auto"),  # -k auto: follow_match
-                f"suffix k={k}": method("suffix", k, suffix=options),
+                f"suffix k={k}": method("suffix", k, options),
                 "copy (the proposer), held-out": [by_fold[fold[turn.question_id]][index]
                                                   for index, turn in enumerate(turns)],
                 "copy (the proposer), shipped scorer": live(load_scorer()),
@@ -151,7 +165,10 @@ def main() -> None:
                 "logistic, in-sample": cand.scored_chooser(fits["in-sample"], cost),
                 f"tree (depth {args.tree_depth}), in-sample": cand.scored_chooser(trees["in-sample"], cost),
             }
+            halves_known = {held: cand.half_oracle_choosers(fits[held], cost) for held in (0, 1)}
             held_choosers = {"logistic, held-out": {held: cand.scored_chooser(fits[held], cost) for held in (0, 1)},
+                             **{f"logistic held-out: {name}": {held: halves_known[held][name] for held in (0, 1)}
+                                for name in halves_known[0]},
                              f"tree (depth {args.tree_depth}), held-out":
                                  {held: cand.scored_chooser(trees[held], cost) for held in (0, 1)}}
             lengths = copyable_lengths(turns, k, stream)
@@ -169,7 +186,7 @@ def main() -> None:
                 time_, steps = cheapest_path(turn, [(lengths[index], 0.0)], cost)
                 add("copy ceiling", turn, steps, time_)
         ceiling = totals["copy ceiling"]
-        categories = sorted(c for c in ceiling if c != "overall") + ["overall"]
+        categories = sorted(c for c in ceiling if c not in (*GROUPS, "overall")) + [*GROUPS, "overall"]
         lines = [f"### costs: {cost_name}, k = {k}: fraction of the copy ceiling's decode-only speedup "
                  "(speedup in brackets)", "",
                  "| row | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]

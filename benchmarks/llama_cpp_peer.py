@@ -12,7 +12,7 @@ decode speed, so the numbers are llama.cpp's, not ours.
 On a CPU with AMX the build turns ggml's AMX path off (into build-noamx/): its weight
 repacking crashed with SIGSEGV on a Sapphire Rapids-class Xeon (llama-bench exit 139), and
 without it llama.cpp keeps its AVX-512 repacked Q4_K GEMM, its fastest path that runs there
-(benchmarks/RESULTS.md, "specdec's w4a8 next to torch's int4 kernel and llama.cpp's repacked Q4_K").
+(docs/history.md, "specdec's w4a8 next to torch's int4 kernel and llama.cpp's repacked Q4_K").
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def spec_config(spec: str, args) -> SpecConfig:
     ngram = NgramOptions(**{key.removeprefix("ngram_"): options[key] for key in ("ngram_max", "ngram_min")
                             if key in options})
     return SpecConfig(target=args.target, method=name, k=options.get("k", 4), draft=args.draft,
-                      backend=args.backend, quantize=args.quantize, ngram=ngram, draft_k=options.get("draft_k"))
+                      backend=args.backend, quantize=args.quantize, options=(ngram,), draft_k=options.get("draft_k"))
 
 
 def summarise(rows: list[dict], methods: list[str]) -> str:

@@ -190,3 +190,34 @@ def test_the_live_proposer_drafts_what_the_offline_chooser_chooses(stream):
         walked = cand.walk(tc, cand.scored_chooser(scorer, cost), k)
         assert walked.accepted == steps.accepted and walked.drafted == steps.drafted
     assert sum(sum(s.drafted) for s in live) > 0
+
+
+def test_half_oracles_sit_between_the_scored_chooser_and_the_matched_ceiling():
+    """Knowing where the chosen candidate stops wastes no drafted token; knowing the best candidate
+    at the scorer's length never accepts fewer than the scorer's own; neither beats the matched
+    ceiling's cheapest path (both draft only what some candidate offers)."""
+    from specdec.analysis.replay import cheapest_path, step_time
+
+    rng = np.random.default_rng(11)
+    turns = [turn(rng.integers(0, 5, 40).tolist(), rng.integers(0, 5, 60).tolist(), qid=str(i)) for i in range(6)]
+    k, cost = 6, (lambda rows: 1.0 + 0.1 * (rows - 1))
+    found = cand.collect(turns, k, stream=True)
+    scorer = cand.fit_logistic(*cand.training_set(found, k))
+    halves = cand.half_oracle_choosers(scorer, cost)
+    scored_time = oracle_time = ceiling_time = 0.0
+    for tc in found:
+        scored = cand.walk(tc, cand.scored_chooser(scorer, cost), k)
+        exact = cand.walk(tc, halves["its candidate, the accepted length"], k)
+        # It stops exactly where the answer leaves the candidate (but at the answer's last token, which
+        # the step writes itself: replay counts a draft of it as not accepted).
+        assert exact.drafted[:-1] == exact.accepted[:-1]
+        for position, step in tc.steps.items():  # the best candidate at the scorer's length accepts the most
+            candidate, drafted = cand.scored_chooser(scorer, cost)(step, k)
+            best, same = halves["its length, the best candidate"](step, k)
+            assert same == drafted
+            if drafted:
+                assert min(step.labels[best], drafted) >= min(step.labels[candidate], drafted)
+        scored_time += step_time(scored, cost)
+        oracle_time += step_time(exact, cost)
+        ceiling_time += cheapest_path(tc.turn, [(cand.best_offered(tc, k), 0.0)], cost)[0]
+    assert ceiling_time <= oracle_time < scored_time

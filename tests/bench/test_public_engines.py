@@ -123,3 +123,20 @@ def test_every_name_a_benchmark_imports_from_specdec_exists():
                 if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
                     missing.append(f"{script.name}: {node.module}.{alias.name}")
     assert missing == []
+
+
+def test_every_spec_config_a_benchmark_builds_names_its_fields():
+    """SpecConfig's method options moved into `options=` (issue 61); a benchmark still passing
+    `suffix=` or `ngram=` fails only when someone runs it, so every keyword of every
+    `SpecConfig(...)` call under benchmarks/ must be one of its fields."""
+    import ast
+    import dataclasses
+
+    fields = {field.name for field in dataclasses.fields(SpecConfig)}
+    unknown = []
+    for script in sorted(BENCHMARKS.glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "SpecConfig":
+                unknown += [f"{script.name}:{node.lineno}: {keyword.arg}=" for keyword in node.keywords
+                            if keyword.arg is not None and keyword.arg not in fields]
+    assert unknown == []

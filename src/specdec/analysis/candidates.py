@@ -33,7 +33,8 @@ from specdec.proposers.copy_candidates import (FEATURES, HAZARD_FEATURES, PATH_F
                                                path_features, step_candidates)
 
 __all__ = ["FEATURES", "HAZARD_FEATURES", "PATH_FEATURES", "SOURCES", "LogisticScorer", "StepCandidates",
-           "TurnCandidates", "TreeScorer", "best_offered", "collect", "fit_logistic", "fit_tree", "hazard_rows",
+           "TurnCandidates", "TreeScorer", "best_offered", "collect", "fit_logistic", "fit_tree", "half_oracle_choosers",
+           "hazard_rows",
            "path_features", "scored_chooser", "step_candidates", "training_set", "walk"]
 
 
@@ -187,6 +188,32 @@ def scored_chooser(scorer: Scorer, cost: CostFn) -> Chooser:
         return candidate, drafted
 
     return choose
+
+
+def half_oracle_choosers(scorer: Scorer, cost: CostFn) -> dict[str, Chooser]:
+    """Two choosers that know half the answer, to say where a scored chooser loses against the matched
+    ceiling (which knows both halves): "its candidate, the accepted length" drafts the scorer's
+    candidate exactly as far as the answer follows it, shorter or longer than the scorer would
+    (nothing where the scorer drafts nothing, or the answer does not follow it);
+    "its length, the best candidate" drafts the scorer's length from whichever candidate offering
+    that many tokens the answer follows furthest. A live chooser can do no better than either with
+    the other half fixed, so their speed bounds what a better length rule or a better choice of
+    candidate alone could bring."""
+    choose = scored_chooser(scorer, cost)
+
+    def accepted_length(step: StepCandidates, k: int) -> tuple[int, int]:
+        candidate, drafted = choose(step, k)
+        accepted = min(int(step.labels[candidate]), int(step.lengths[candidate]), k) if drafted else 0
+        return (candidate, accepted) if accepted else (-1, 0)
+
+    def best_candidate(step: StepCandidates, k: int) -> tuple[int, int]:
+        _, drafted = choose(step, k)
+        if not drafted:
+            return -1, 0
+        offering = np.flatnonzero(step.lengths >= drafted)
+        return int(offering[np.argmax(step.labels[offering])]), drafted
+
+    return {"its candidate, the accepted length": accepted_length, "its length, the best candidate": best_candidate}
 
 
 def walk(turn: TurnCandidates, choose: Chooser, k: int, max_new_tokens: int | None = None) -> TurnSteps:

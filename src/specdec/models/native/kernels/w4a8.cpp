@@ -6,11 +6,9 @@
 // PyPI wheels carry no CPU low-bit kernels. Verification needs the opposite: a cost that stays flat
 // from 1 to 16 rows, so every weight is unpacked once per call and used by every row.
 // Measured against the maintained kernels on a 2-core Sapphire Rapids-class Xeon (VNNI path, 2
-// threads, benchmarks/kernel_peers.py; benchmarks/RESULTS.md, "specdec's w4a8 next to torch's int4
-// kernel and llama.cpp's repacked Q4_K"): the 1.5B target's 112 projections take 31.7 ms at 1 row
-// and 45.2 ms at 9, against 58.3 and 188.8 ms through torch's int4 kernel (1.8x and 4.2x ours); a
-// whole forward after 800 cached tokens takes 43.7 / 71.0 / 105.6 ms at 1 / 9 / 17 tokens, against
-// 64.3 / 196.6 / 282.3 ms for llama.cpp's Q4_K_M with its repacked Q4_K GEMM (1.5x to 2.8x ours).
+// threads, benchmarks/kernel_peers.py; docs/history.md, "specdec's w4a8 next to torch's int4
+// kernel and llama.cpp's repacked Q4_K"): fewer milliseconds than torch's int4 kernel and than
+// llama.cpp's repacked Q4_K GEMM at every row count, the gap widening with the rows.
 //
 // Format (written by w4a8.py): per group of 32 inputs and per output, w ~= q * scale + min with
 // q in 0..15 (asymmetric round-to-nearest), where scale = d * sc and min = dmin * mn: sc (1..255)
