@@ -3,7 +3,6 @@ per unit of step time; greedy output stays plain output whatever is chosen."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -70,9 +69,7 @@ def test_a_draft_far_behind_reads_a_fresh_window_and_drafts_at_once(tokenizer):
     """After many copied steps the draft model would read its backlog a chunk per step, drafting
     nothing; copy+draft starts its row afresh on the last window instead."""
     proposer = copy_then_draft(make_model(seed=1, layers=1), forward_cost=0.01)
-    winning = DraftRecord()
-    for _ in range(5):  # every guess accepted, at no cost
-        winning.add(accepted=3, drafted=3, seconds=0.0)
+    winning = DraftRecord(accepted=3.0, drafted=3.0, seconds=0.0, steps=1)
     proposer._rows[0].warm = proposer._rows[0].cold = winning  # the draft model wins every step
 
     def propose(length: int):
@@ -91,36 +88,13 @@ def test_a_draft_far_behind_reads_a_fresh_window_and_drafts_at_once(tokenizer):
 def test_the_rate_prices_the_draft_models_forwards():
     record = DraftRecord()
     costs = StepCosts(measured=False)
-    assert record.best(costs, 4, 0.1) is None  # never measured
+    assert record.rate(costs, 0.1) is None  # never measured
     record.add(accepted=2, drafted=3, seconds=0.0)
-    hazards = record.hazards(3)  # depths 1 and 2 accepted, depth 3 rejected: shrunk towards 3/5 overall
-    assert hazards == pytest.approx([(1 + 2 * 3 / 5) / 3, (1 + 2 * 3 / 5) / 3, 2 * 3 / 5 / 3])
-    rates = [(1 + sum(float(np.prod(hazards[:j])) for j in range(1, k + 1))) / (costs.cost(1 + k) + 0.1 * k)
-             for k in (1, 2, 3)]
-    assert record.best(costs, 3, 0.1) == (pytest.approx(max(rates)), 1 + int(np.argmax(rates)))
-    assert record.best(costs, 3) is None  # no 1-token step timed yet to price measured seconds by
+    assert record.rate(costs, 0.1) == pytest.approx(3 / (costs.cost(4) + 0.3))
+    assert record.rate(costs) is None  # no 1-token step timed yet to price measured seconds by
     costs.record(1, 0.02)
-    record.add(accepted=2, drafted=3, seconds=0.012)
-    assert record.forward_steps(costs, None) == pytest.approx(record.seconds / record.drafted / 0.02)
-
-
-def test_the_draft_drafts_to_the_depth_its_acceptance_pays_for():
-    """A draft model whose first two guesses hold and whose third never does is worth two tokens:
-    at 0.3 of a step a forward, a third would cost more than it brings."""
-    record = DraftRecord()
-    for _ in range(12):
-        record.add(accepted=2, drafted=6, seconds=0.0)
-    costs = StepCosts(lambda rows: 1.0 + 0.05 * (rows - 1), measured=False)
-    rate, k = record.best(costs, 8, 0.3)
-    assert k == 2 and rate == pytest.approx((1 + record.hazards(1)[0] + np.prod(record.hazards(2))) / (1.1 + 0.6))
-    cold = DraftRecord()  # the same guesses, each step also reading a window worth two steps
-    for _ in range(12):
-        cold.add(accepted=2, drafted=6, seconds=0.0)
-    cold.seconds, cold.drafted = 0.02 * (6 * 0.3 + 2.0), 6.0
-    costs.record(1, 0.02)
-    cold_rate, cold_k = cold.best(costs, 8, None, per_forward=0.3)
-    assert cold_k == 2 and cold_rate == pytest.approx((1 + record.hazards(1)[0] + np.prod(record.hazards(2)))
-                                                      / (1.1 + 2.0 + 0.6))
+    record.add(accepted=2, drafted=3, seconds=0.01)
+    assert record.rate(costs) == pytest.approx(3 / (costs.cost(4) + record.seconds / 0.02))
 
 
 def test_the_registry_builds_it_only_with_a_draft_model():

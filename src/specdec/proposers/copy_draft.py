@@ -3,16 +3,13 @@ tokens per second is highest (issue 60, item 3: one default that picks per reque
 
 Scored copying (scored_copy.py) prices its own best draft: (1 + expected accepted) / cost(forward),
 in 1-token steps, from a fitted score and the machine's measured verification costs. The draft
-model's price is measured as it runs: over a row's recent draft-model steps, how often its token at
-each depth i was accepted once the ones before it were (h_i), and the seconds a draft forward took
-(its catch-up included), so at each depth k
+model's price is measured as it runs: over a row's recent draft-model steps, the tokens accepted
+and drafted and the seconds the draft model took (its catch-up included), so
 
-    draft rate(k) = (1 + sum_{j<=k} prod_{i<=j} h_i) / (cost(1 + k) + k x draft forward / a 1-token step)
+    draft rate = (1 + accepted) / (cost(1 + drafted) + draft seconds / a 1-token step's seconds)
 
-and it drafts to its best k (its stop rule may end the chain sooner): a draft model whose guesses
-hold for two tokens is worth two, where drafting to max_k would pay forwards that bring nothing. A
-step goes to the source with the highest rate, or to neither where plain decoding's 1 / cost(1) is
-higher. ngram+draft (hybrid.py) picks between lookup and draft with rates per
+and a step goes to the source with the highest rate, or to neither where plain decoding's
+1 / cost(1) is higher. ngram+draft (hybrid.py) picks between lookup and draft with rates per
 source too, but its lookup's rate is an average per match length; here the copy's is its own
 estimate for this very step's candidate, so a step with a long confident copy and a step with a
 weak one are told apart.
@@ -37,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -53,25 +50,16 @@ PROBE_AFTER = 8  # steps without the draft model before it is probed again where
 PROBE_CAP = 256  # the longest wait between probes of a draft model that keeps losing
 
 
-POSITIONS = 16  # draft positions whose acceptance a record keeps (a longer draft is judged as the last)
-HAZARD_MEMORY = 0.9  # the weight an older step keeps at each new one: about the last ten steps count
-
-
 @dataclass
 class DraftRecord:
-    """A source's recent draft steps: exponentially weighted means of the tokens drafted and accepted
-    and of the seconds the draft model took (the first 1 / weight steps averaged plainly, so the first
-    step does not decide alone), and, per draft position, how often a token there was judged and
-    accepted (weighted by HAZARD_MEMORY per step): the draft model's acceptance at each depth, which
-    sets how deep a step is worth drafting (best()), as -k auto's controller does for ngram+draft."""
+    """Exponentially weighted means over a source's recent draft steps (the first 1 / weight steps
+    averaged plainly, so the first step does not decide alone)."""
 
     accepted: float = 0.0
     drafted: float = 0.0
     seconds: float = 0.0
     steps: int = 0
     weight: float = 0.2  # the newest step's share once warm
-    judged: list[float] = field(default_factory=lambda: [0.0] * POSITIONS)
-    passed: list[float] = field(default_factory=lambda: [0.0] * POSITIONS)
 
     def add(self, accepted: int, drafted: int, seconds: float) -> None:
         self.steps += 1
@@ -79,55 +67,23 @@ class DraftRecord:
         self.accepted += share * (accepted - self.accepted)
         self.drafted += share * (drafted - self.drafted)
         self.seconds += share * (seconds - self.seconds)
-        self.judged = [HAZARD_MEMORY * n for n in self.judged]
-        self.passed = [HAZARD_MEMORY * n for n in self.passed]
-        for i in range(min(drafted, accepted + 1)):  # the accepted tokens, then the first rejected one
-            at = min(i, POSITIONS - 1)
-            self.judged[at] += 1.0
-            self.passed[at] += float(i < accepted)
 
-    def hazards(self, k: int) -> list[float]:
-        """P(the token at depth i is accepted | the ones before it were), i = 1..k: each position's
-        share, shrunk towards the record's overall share by two pseudo-judgements (a depth seldom
-        reached takes the overall share)."""
-        overall = (sum(self.passed) + 1.0) / (sum(self.judged) + 2.0)
-        return [(self.passed[min(i, POSITIONS - 1)] + 2.0 * overall) / (self.judged[min(i, POSITIONS - 1)] + 2.0)
-                for i in range(k)]
-
-    def forward_steps(self, step_costs: StepCosts, forward_cost: float | None) -> float | None:
-        """One draft forward's price in 1-token target steps (a warm step runs one per drafted token,
-        the first catching up): forward_cost where fixed, else the measured seconds per drafted token;
-        None: unknown (never measured, or no 1-token step timed to price seconds by)."""
+    def rate(self, step_costs: StepCosts, forward_cost: float | None = None) -> float | None:
+        """Expected tokens per 1-token step's time of drafting with this source; None: not known yet
+        (never measured, or no 1-token step timed to price its seconds by). forward_cost: a fixed
+        price of one draft forward in target steps (its measured seconds otherwise)."""
         if not self.steps:
             return None
-        if forward_cost is not None:
-            return forward_cost
-        step_s = step_costs.step_seconds()
-        return self.seconds / max(self.drafted, 1.0) / step_s if step_s else None
-
-    def best(self, step_costs: StepCosts, cap: int, forward_cost: float | None = None,
-             per_forward: float | None = None) -> tuple[float, int] | None:
-        """(rate, k): the draft depth k <= cap with the most expected tokens per unit of step time,
-
-            rate(k) = (1 + sum_{j<=k} prod_{i<=j} h_i) / (cost(1 + k) + fixed + k x one forward),
-
-        and its rate; None: not known yet. per_forward: one forward's price to use (a cold record
-        takes the warm one's, and the rest of its measured time is its fixed cost: reading a window)."""
-        own = self.forward_steps(step_costs, forward_cost)
-        if own is None or cap < 1:
+        drafting = self._steps_of_drafting(step_costs, forward_cost)
+        if drafting is None:
             return None
-        forward, fixed = own, 0.0
-        if per_forward is not None:
-            forward = per_forward
-            fixed = max(0.0, own * max(self.drafted, 1.0) - forward * self.drafted)
-        best, expected, alive = None, 0.0, 1.0
-        for k, hazard in enumerate(self.hazards(cap), start=1):
-            alive *= hazard
-            expected += alive
-            rate = (1.0 + expected) / (step_costs.cost(1 + k) + fixed + forward * k)
-            if best is None or rate > best[0]:
-                best = (rate, k)
-        return best
+        return (1.0 + self.accepted) / (step_costs.cost(1 + round(self.drafted)) + drafting)
+
+    def _steps_of_drafting(self, step_costs: StepCosts, forward_cost: float | None) -> float | None:
+        if forward_cost is not None:  # a draft step runs one forward per drafted token (the first catches up)
+            return forward_cost * self.drafted
+        step_s = step_costs.step_seconds()
+        return self.seconds / step_s if step_s else None
 
 
 @dataclass
@@ -137,15 +93,11 @@ class _RowState:
     since_draft: int = 0  # steps since the draft model last drafted for this row
     probe_after: int = PROBE_AFTER
     warm_now: bool = False  # whether this step's draft read a short backlog
-    k: int | None = None  # the depth this step's draft runs to (None: as deep as its stop rule lets it)
 
 
 def _seeded(engine: DraftRecord) -> DraftRecord:
-    """A new request's record: the engine's means, weighted as one step, and its acceptance per
-    position scaled to at most one judgement each."""
-    scale = 1.0 / max(engine.judged[0], 1.0)
-    return DraftRecord(engine.accepted, engine.drafted, engine.seconds, min(engine.steps, 1),
-                       judged=[scale * n for n in engine.judged], passed=[scale * n for n in engine.passed])
+    """A new request's record: the engine's means, weighted as one step."""
+    return DraftRecord(engine.accepted, engine.drafted, engine.seconds, min(engine.steps, 1))
 
 
 class CopyThenDraftProposer(BatchProposer):
@@ -197,7 +149,7 @@ class CopyThenDraftProposer(BatchProposer):
     def propose(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
         plans = [self.copy.rows[b].plan(ctx, max_k) if max_k >= 1 else None
                  for b, (ctx, max_k) in enumerate(zip(contexts, max_ks))]
-        self._by_draft = [max_k >= 1 and self._draft_wins(b, plan, ctx.token_ids.shape[1], max_k)
+        self._by_draft = [max_k >= 1 and self._draft_wins(b, plan, ctx.token_ids.shape[1])
                           for b, (plan, ctx, max_k) in enumerate(zip(plans, contexts, max_ks))]
         self._by_copy = [plan is not None and not by_draft and plan.judged is not None
                          for plan, by_draft in zip(plans, self._by_draft)]
@@ -214,19 +166,16 @@ class CopyThenDraftProposer(BatchProposer):
             rows = [row_of(drafted, b) if by_draft else row for b, (row, by_draft) in enumerate(zip(rows, self._by_draft))]
         return pad_proposals(rows, contexts[0].vocab_size, device)
 
-    def _draft_wins(self, b: int, plan: CopyPlan, context_len: int, max_k: int) -> bool:
+    def _draft_wins(self, b: int, plan: CopyPlan, context_len: int) -> bool:
         """Whether row b's step goes to the draft model: its measured rate beats copying's expected one
         (which is at least plain decoding's). Its rate is the warm one where its backlog is short, the
         cold one (a fresh window to read first) otherwise. Where copying offers nothing, a draft model
         not measured yet is tried, and one that loses is probed after a wait: a cold probe warms it,
-        and its warm steps then run while they win. Its rate is that of its best depth (DraftRecord.best),
-        the depth it then drafts to."""
+        and its warm steps then run while they win."""
         state = self._rows[b]
         state.since_draft += 1
         state.warm_now = self.draft.unread_tokens(b, context_len) <= DRAFT_CONTEXT_WINDOW and self.draft.has_read(b)
-        cap = min(max_k, self.draft_max_k or max_k)
-        best = self._best(state, cap)
-        rate, state.k = best if best is not None else (None, None)
+        rate = (state.warm if state.warm_now else state.cold).rate(self.step_costs, self.forward_cost)
         if rate is not None and rate > plan.rate:
             return True
         if plan.judged is not None:  # copying drafts
@@ -235,21 +184,13 @@ class CopyThenDraftProposer(BatchProposer):
         self.draft_probes += probe
         return probe
 
-    def _best(self, state: _RowState, cap: int) -> tuple[float, int] | None:
-        """The draft model's best (rate, depth) for this row's step: warm, or cold with the warm
-        record's price of a forward (the rest of a cold step's time is reading its window)."""
-        if state.warm_now:
-            return state.warm.best(self.step_costs, cap, self.forward_cost)
-        per_forward = state.warm.forward_steps(self.step_costs, self.forward_cost)
-        return state.cold.best(self.step_costs, cap, self.forward_cost, per_forward)
-
     def _draft_rows(self, contexts: Sequence[ProposeContext], max_ks: Sequence[int]) -> DraftProposal:
         """The draft model's proposal for the rows it drafts (the others ask it for 0 tokens)."""
         for b, by_draft in enumerate(self._by_draft):  # (_draft_wins judged each row's backlog)
             if by_draft and not self._rows[b].warm_now and self.draft.has_read(b):
                 self.draft.start_row(b)  # far behind: read only the last window, in one forward
-        draft_ks = [min(max_k, self.draft_max_k or max_k, state.k or max_k) if by_draft else 0
-                    for max_k, by_draft, state in zip(max_ks, self._by_draft, self._rows)]
+        draft_ks = [min(max_k, self.draft_max_k or max_k) if by_draft else 0
+                    for max_k, by_draft in zip(max_ks, self._by_draft)]
         started = time.perf_counter()
         drafted = self.draft.propose(contexts, draft_ks)
         self._draft_seconds = time.perf_counter() - started  # the rows' one call: each row is charged all of it
@@ -277,8 +218,7 @@ class CopyThenDraftProposer(BatchProposer):
             record.add(accepted, drafted, self._draft_seconds)
         state.since_draft = 0
         if state.warm_now:  # a probe's worth is its warm steps' rate: wait longer while they lose
-            best = state.warm.best(self.step_costs, self.draft_max_k or POSITIONS, self.forward_cost)
-            paid = best is not None and best[0] >= 1.0 / self.step_costs.cost(1)
+            paid = (state.warm.rate(self.step_costs, self.forward_cost) or 0.0) >= 1.0 / self.step_costs.cost(1)
             state.probe_after = self.probe_after if paid else min(2 * state.probe_after, self.probe_cap)
 
     def unread_tokens(self, row: int, context_len: int) -> int:
@@ -297,18 +237,7 @@ class CopyThenDraftProposer(BatchProposer):
 
 
 
-def _build_lookup(build: Build) -> BatchProposer:
-    from specdec.proposers.copy_lookup import CopyLookup
-    from specdec.proposers.hybrid import NgramThenDraftProposer, _draft
-
-    lookup = build.per_row(scored_copy_maker(build.option(CopyOptions), build.replay_cost, CopyLookup))
-    return NgramThenDraftProposer(lookup, _draft(build), build.draft_k, lookup_name="copy")
-
-
 def _build(build: Build) -> BatchProposer:
-    import os
-    if os.environ.get("COPY_DRAFT_LOOKUP"):
-        return _build_lookup(build)
     # It sizes its own steps whatever k is: its draft model always stops where unsure.
     confidence = DEFAULT_CONFIDENCE if build.draft_confidence is None else build.draft_confidence
     draft = draft_model_for(build, confidence, DRAFT_CONTEXT_WINDOW)

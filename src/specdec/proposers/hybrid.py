@@ -41,16 +41,13 @@ class NgramThenDraftProposer(BatchProposer):
     draft_max_k caps the draft model's tokens per step (a model's guesses decay faster than copied spans)."""
 
     def __init__(self, ngram: Proposer | BatchProposer, draft: DraftModelProposer | BatchProposer,
-                 draft_max_k: int | None = None, lookup_name: str = "ngram") -> None:
-        """lookup_name: the lookup's Source name for -k auto's rates (copy+draft's lookup: "copy")."""
+                 draft_max_k: int | None = None) -> None:
         if draft_max_k is not None and (isinstance(draft_max_k, bool) or not isinstance(draft_max_k, int)
                                         or draft_max_k < 1):
             raise ValueError(f"draft_max_k must be an integer >= 1 or None, got {draft_max_k!r}")
         if isinstance(ngram, Proposer) and getattr(draft, "slots", 1) != 1:
             raise ValueError("one n-gram proposer serves one row: give a RowwiseProposer for a batch")
         self.ngram = as_batch(ngram)
-        self.lookup_name = lookup_name
-        self.step_costs = self.ngram.step_costs  # a scored lookup's cost curve, which the engine feeds
         self.draft, self.draft_max_k = draft, draft_max_k
         self._copied: list[bool] = []  # rows whose step the n-gram lookup proposed
         self._assigned: list[bool] | None = None  # -k auto's choice for the next step: rows the lookup drafts
@@ -70,10 +67,10 @@ class NgramThenDraftProposer(BatchProposer):
         if not hasattr(lookup, "match_length"):
             return None
         n = lookup.match_length(token_ids)
-        return (Source(self.lookup_name, n), DRAFT) if n else (DRAFT,)
+        return (Source("ngram", n), DRAFT) if n else (DRAFT,)
 
     def use_sources(self, sources: Sequence[Source]) -> None:
-        self._assigned = [source.name == self.lookup_name for source in sources]
+        self._assigned = [source.name == "ngram" for source in sources]
 
     def unread_tokens(self, row: int, context_len: int) -> int:
         return self.draft.unread_tokens(row, context_len)
@@ -114,9 +111,6 @@ class NgramThenDraftProposer(BatchProposer):
     def move_row(self, source: int, destination: int) -> None:
         self.ngram.move_row(source, destination)
         self.draft.move_row(source, destination)
-
-    def forget_earlier_requests(self) -> None:
-        self.ngram.forget_earlier_requests()  # a scored lookup's corpus of earlier requests
 
 
 

@@ -365,15 +365,12 @@ class ScoredCopyProposer(Proposer):
         self._length += len(new)
 
 
-def scored_copy_maker(options: CopyOptions, replay_cost: CostFn | None = None,
-                      kind: type[ScoredCopyProposer] | None = None) -> Callable[[], ScoredCopyProposer]:
+def scored_copy_maker(options: CopyOptions, replay_cost: CostFn | None = None) -> Callable[[], ScoredCopyProposer]:
     """Scored copying's rows: one scorer, one cost curve and one corpus per tenant, shared by the rows.
-    replay_cost: the replay's fixed cost curve (Build.replay_cost) in place of measured step times;
-    kind: the rows' class (copy_lookup.CopyLookup for copy+draft; ScoredCopyProposer by default)."""
+    replay_cost: the replay's fixed cost curve (Build.replay_cost) in place of measured step times."""
     scorer, corpora = load_scorer(options.scorer), options.new_tenant_corpora()
     costs = options.new_step_costs() if replay_cost is None else StepCosts(replay_cost, measured=False)
-    make = kind or ScoredCopyProposer
-    return lambda: make(scorer, corpora, costs, trees=options.trees)
+    return lambda: ScoredCopyProposer(scorer, corpora, costs, trees=options.trees)
 
 
 def _build(build: Build) -> Proposer | ScoredCopyRows:
