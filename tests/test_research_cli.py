@@ -185,6 +185,13 @@ def test_replay_reproduces_the_recorded_bench_run_without_a_model(capsys, model_
         assert replayed["copy ceiling"]["tau"] >= replayed[method]["tau"]
     assert replayed["suffix"]["tau"] > 1.5  # the repeated request is copied from the first one's answer
     assert 1.0 <= replayed["copy"]["tau"] <= replayed["copy ceiling"]["tau"]
+    # Where copy's choice loses: the matched ceiling is the cheapest path over what any candidate offers,
+    # so neither half-oracle (each a path through the same offers) is faster, nor is it above the ceiling.
+    matched = replayed["matched ceiling"]["speedup"]
+    assert matched <= replayed["copy ceiling"]["speedup"] + 1e-9
+    halves = [label for label in replayed if label.startswith("copy's score: ")]
+    assert len(halves) == 2 and all(replayed[label]["speedup"] <= matched + 1e-9 for label in halves)
+    assert "The matched ceiling drafts" in text
     scorer = tmp_path / "scorer.json"  # --fit: copy's scorer from these answers, then used as a file
     code, fitted, err = run(capsys, "replay", str(out), "--methods", "copy", "--fit", str(scorer))
     assert code == 0 and "fitted copy's scorer on" in fitted, err

@@ -39,7 +39,10 @@ one machine, which the label names); without it every forward costs one step,
 roughly a GPU. A second table reads each method's speedup as a share of the copy
 ceiling's at the same k (and of the ngram+draft oracle's, with --draft): how much
 of what its kind could reach it gets, which moves less than the speedup itself
-from one CPU's costs to another's.
+from one CPU's costs to another's. Where copy is replayed, three more rows say
+where its choice loses: the matched ceiling (the best candidate any match of
+the context's tail offers, at exactly its accepted length), and copy's score
+with a perfect length rule or with a perfect choice of candidate.
 
 With --draft the draft model (loaded alone, no target) drafts too: `draft` and
 `ngram+draft` replayed at each fixed k, each of the draft's forwards priced
@@ -144,6 +147,7 @@ def cmd_replay(args) -> int:
         oracles = DraftOracles(draft.runner, vocab_size, cost, draft_cost)
     if "copy" in methods:  # the scorer it chooses by: --fit's, --copy-scorer's or the shipped one
         options["copy"] = CopyOptions(scorer=_copy_scorer(args, header, rows, ks[0]))
+        oracles = _with_copy_oracles(oracles, options["copy"], cost, header)
     # A method that sizes drafts by step costs prices them as the replay does (nothing is timed here).
     proposers = {method: (lambda method=method: build_proposer(method, draft_runner=runner, replay_cost=cost,
                                                                 **options))
@@ -162,6 +166,19 @@ def cmd_replay(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(replay_json(report, label), indent=1) + "\n")
     return 0
+
+
+def _with_copy_oracles(oracles, copy_options: CopyOptions, cost, header: dict):
+    """replay_rows()'s oracles with copy's added (analysis/candidates.CopyOracles: the matched ceiling
+    and where copy's score loses, in length or in choice)."""
+    from specdec.analysis.candidates import CopyOracles
+    from specdec.proposers.copy_candidates import load_scorer
+
+    copy = CopyOracles(load_scorer(copy_options.scorer), cost, bool(header.get("stream")),
+                       header.get("max_new_tokens"))
+    if oracles is None:
+        return copy
+    return lambda turns, k, copies: oracles(turns, k, copies) + copy(turns, k, copies)
 
 
 def _copy_scorer(args, header: dict, rows: list[dict], k: int) -> str | None:

@@ -27,13 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 
 # _committed: the engine's count of a step's tokens, exactly as replay() counts them.
-from specdec.analysis.replay import CostFn, RecordedTurn, TurnSteps, _committed
+from specdec.analysis.replay import (MATCHED_CEILING, CostFn, RecordedTurn, ReplayRow, TurnSteps, _committed,
+                                     cheapest_path, tally)
 from specdec.proposers.copy_candidates import (FEATURES, HAZARD_FEATURES, PATH_FEATURES, SEPARATOR, SOURCES,
                                                LogisticScorer, StepCandidates, choose_draft, hazard_rows,
                                                path_features, step_candidates)
 
 __all__ = ["FEATURES", "HAZARD_FEATURES", "PATH_FEATURES", "SOURCES", "LogisticScorer", "StepCandidates",
-           "TurnCandidates", "TreeScorer", "best_offered", "collect", "fit_logistic", "fit_tree", "half_oracle_choosers",
+           "CopyOracles", "TurnCandidates", "TreeScorer", "best_offered", "collect", "fit_logistic", "fit_tree",
+           "half_oracle_choosers",
            "hazard_rows",
            "path_features", "scored_chooser", "step_candidates", "training_set", "walk"]
 
@@ -247,3 +249,25 @@ def best_offered(turn: TurnCandidates, k: int) -> list[int]:
     for position, step in turn.steps.items():
         row[position] = int(min(step.labels.max(), k))
     return row
+
+
+class CopyOracles:
+    """replay_rows()'s oracles for --method copy (`specdec replay`): where its choice loses on a run.
+
+    At each k: the matched ceiling (the best candidate at its accepted length, what no copy keyed on
+    the context's tail beats) and the two half-oracles of half_oracle_choosers() with the scorer copy
+    chooses by (without copy's online calibration): between copy's row and the matched ceiling, how
+    much a better length rule and how much a better choice of candidate could each bring."""
+
+    def __init__(self, scorer: Scorer, cost: CostFn, stream: bool, max_new_tokens: int | None = None) -> None:
+        self.scorer, self.cost, self.stream, self.max_new_tokens = scorer, cost, stream, max_new_tokens
+
+    def __call__(self, turns: Sequence[RecordedTurn], k: int, copies: list[list[int]]) -> list[ReplayRow]:
+        found = collect(turns, k, self.stream)
+        best = [cheapest_path(tc.turn, [(best_offered(tc, k), 0.0)], self.cost) for tc in found]
+        rows = [ReplayRow(MATCHED_CEILING, k, tally(turns, [steps for _, steps in best], self.cost,
+                                                 [time for time, _ in best]))]
+        for name, choose in half_oracle_choosers(self.scorer, self.cost).items():
+            steps = [walk(tc, choose, k, self.max_new_tokens) for tc in found]
+            rows.append(ReplayRow(f"copy's score: {name}", k, tally(turns, steps, self.cost)))
+        return rows

@@ -49,6 +49,7 @@ from specdec.sampling.params import SamplingParams
 CostFn = Callable[[int], float]  # rows of a forward -> its time in 1-token steps
 
 COPY_CEILING = "copy ceiling"
+MATCHED_CEILING = "matched ceiling"  # analysis/candidates.CopyOracles' row
 NGRAM_DRAFT_ORACLE = "ngram+draft oracle"  # analysis/draft_oracle.py's row, where a draft model is replayed
 YARDSTICKS = (COPY_CEILING, NGRAM_DRAFT_ORACLE)  # each replayed method's speedup is read as a share of theirs
 
@@ -458,6 +459,12 @@ def replay_markdown(report: Sequence[ReplayRow], costs_label: str) -> str:
                       "the answer continues (at most k), paying one draft forward a token and the prompt's window "
                       "once: no k rule gets more from this draft's chains. The ngram+draft oracle may copy the "
                       "copy ceiling's continuation instead, step by step, whichever is cheaper."]
+    if any(row.label == MATCHED_CEILING for row in report):
+        lines += ["", "The matched ceiling drafts, at each step, the best continuation of any earlier occurrence of "
+                      "the context's tail at exactly its accepted length: no copy keyed on a match (ngram, suffix, "
+                      "copy) accepts more. \"copy's score\" rows know half of it: its candidate drafted exactly as "
+                      "far as the answer follows it (what a perfect length rule would give), or its length drafted "
+                      "from the candidate the answer follows furthest (a perfect choice of candidate)."]
     return "\n".join(lines)
 
 
