@@ -181,7 +181,7 @@ def main() -> None:
                 for label, by_fold in held_choosers.items():
                     steps = cand.walk(tc, by_fold[fold[turn.question_id]], k, cap)
                     add(label, turn, steps, step_time(steps, cost))
-                time_, steps = cheapest_path(turn, [(cand.best_offered(tc, k), 0.0)], cost)
+                time_, steps = cand.matched_ceiling(tc, k, cost)
                 add("matched ceiling", turn, steps, time_)
                 time_, steps = cheapest_path(turn, [(lengths[index], 0.0)], cost)
                 add("copy ceiling", turn, steps, time_)

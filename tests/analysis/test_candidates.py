@@ -196,7 +196,7 @@ def test_half_oracles_sit_between_the_scored_chooser_and_the_matched_ceiling():
     """Knowing where the chosen candidate stops wastes no drafted token; knowing the best candidate
     at the scorer's length never accepts fewer than the scorer's own; neither beats the matched
     ceiling's cheapest path (both draft only what some candidate offers)."""
-    from specdec.analysis.replay import cheapest_path, step_time
+    from specdec.analysis.replay import step_time
 
     rng = np.random.default_rng(11)
     turns = [turn(rng.integers(0, 5, 40).tolist(), rng.integers(0, 5, 60).tolist(), qid=str(i)) for i in range(6)]
@@ -219,5 +219,5 @@ def test_half_oracles_sit_between_the_scored_chooser_and_the_matched_ceiling():
                 assert min(step.labels[best], drafted) >= min(step.labels[candidate], drafted)
         scored_time += step_time(scored, cost)
         oracle_time += step_time(exact, cost)
-        ceiling_time += cheapest_path(tc.turn, [(cand.best_offered(tc, k), 0.0)], cost)[0]
+        ceiling_time += cand.matched_ceiling(tc, k, cost)[0]
     assert ceiling_time <= oracle_time < scored_time

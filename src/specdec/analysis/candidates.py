@@ -35,9 +35,8 @@ from specdec.proposers.copy_candidates import (FEATURES, HAZARD_FEATURES, PATH_F
 
 __all__ = ["FEATURES", "HAZARD_FEATURES", "PATH_FEATURES", "SOURCES", "LogisticScorer", "StepCandidates",
            "CopyOracles", "TurnCandidates", "TreeScorer", "best_offered", "collect", "fit_logistic", "fit_tree",
-           "half_oracle_choosers",
-           "hazard_rows",
-           "path_features", "scored_chooser", "step_candidates", "training_set", "walk"]
+           "half_oracle_choosers", "hazard_rows", "matched_ceiling", "path_features", "scored_chooser",
+           "step_candidates", "training_set", "walk"]
 
 
 @dataclass
@@ -205,7 +204,7 @@ def half_oracle_choosers(scorer: Scorer, cost: CostFn) -> dict[str, Chooser]:
 
     def accepted_length(step: StepCandidates, k: int) -> tuple[int, int]:
         candidate, drafted = choose(step, k)
-        accepted = min(int(step.labels[candidate]), int(step.lengths[candidate]), k) if drafted else 0
+        accepted = min(int(step.labels[candidate]), k) if drafted else 0  # (a label never passes its offer)
         return (candidate, accepted) if accepted else (-1, 0)
 
     def best_candidate(step: StepCandidates, k: int) -> tuple[int, int]:
@@ -251,6 +250,12 @@ def best_offered(turn: TurnCandidates, k: int) -> list[int]:
     return row
 
 
+def matched_ceiling(turn: TurnCandidates, k: int, cost: CostFn) -> tuple[float, TurnSteps]:
+    """The matched ceiling's decode time and steps through a turn: the cheapest path when each step may
+    take up to the longest accepted length any candidate offers there (best_offered)."""
+    return cheapest_path(turn.turn, [(best_offered(turn, k), 0.0)], cost)
+
+
 class CopyOracles:
     """replay_rows()'s oracles for --method copy (`specdec replay`): where its choice loses on a run.
 
@@ -264,7 +269,7 @@ class CopyOracles:
 
     def __call__(self, turns: Sequence[RecordedTurn], k: int, copies: list[list[int]]) -> list[ReplayRow]:
         found = collect(turns, k, self.stream)
-        best = [cheapest_path(tc.turn, [(best_offered(tc, k), 0.0)], self.cost) for tc in found]
+        best = [matched_ceiling(tc, k, self.cost) for tc in found]
         rows = [ReplayRow(MATCHED_CEILING, k, tally(turns, [steps for _, steps in best], self.cost,
                                                  [time for time, _ in best]))]
         for name, choose in half_oracle_choosers(self.scorer, self.cost).items():
