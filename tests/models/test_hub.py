@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import random
 import re
 import sys
@@ -245,6 +246,21 @@ def test_stale_work_dirs_of_dead_processes_are_removed(fake_model, monkeypatch, 
     monkeypatch.setattr(hub, "_convert", _fake_convert)
     hub.fetch(model.name, progress=False)
     assert not dead.exists()
+
+
+def test_a_work_dir_left_beside_a_whole_cache_is_removed_by_the_next_fetch(fake_model, monkeypatch, tmp_path):
+    """A fetch killed between its rename into place and its cleanup leaves a whole cache and its empty
+    work dir; the next fetch (which finds the cache whole and converts nothing) removes the dir."""
+    model, _, _ = fake_model
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(hub, "_convert", _fake_convert)
+    hub.fetch(model.name, progress=False)
+    dead = cache / f".{model.name}.partial-999999999-abc"  # no such pid
+    dead.mkdir()
+    live = cache / f".{model.name}.partial-{os.getpid()}-abc"  # a fetch that may be converting now
+    live.mkdir()
+    assert hub.fetch(model.name, progress=False) == cache / model.name
+    assert not dead.exists() and live.exists()
 
 
 def test_list_models_reports_installed_and_cached(fake_model, monkeypatch, tmp_path):

@@ -515,6 +515,9 @@ def fetch(name: str, progress: bool = True, *, repair: bool = False) -> Path:
     spec = _spec(name)
     final = _cache_dir(name)
     if _cache_state(name, hashes=repair)[0] == "ok":
+        # A fetch killed after its rename into place but before its cleanup left an empty work dir
+        # beside a whole cache: swept here too (one directory listing), not only before converting.
+        _remove_stale_partials(cache_root(), name)
         return final
 
     with _fetch_lock(name):
