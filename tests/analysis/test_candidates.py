@@ -162,6 +162,15 @@ def test_walking_suffix_decodings_chain_among_the_candidates_is_its_replay():
         probe.end_request(list(t.prompt_ids), list(t.output_ids))
 
 
+def test_each_distinct_continuation_is_found_once_at_its_first_occurrence():
+    from specdec.proposers.copy_candidates import _first_of_each_row
+
+    rows = np.random.default_rng(3).integers(-1, 3, (200, 4))  # padding (-1) sorts as bytes, not as numbers
+    first, count = _first_of_each_row(rows)
+    _, expected_first, expected_count = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    assert sorted(zip(first.tolist(), count.tolist())) == sorted(zip(expected_first.tolist(), expected_count.tolist()))
+
+
 def test_path_features_count_agreement_and_branching_along_the_path():
     tokens = np.array([[1, 2, 3], [1, 2, 4], [1, 5, 6]])
     path = cand.path_features(tokens, np.array([1.0, 1.0, 2.0]), np.log([2.0, 1.0, 1.0]))

@@ -266,6 +266,27 @@ def test_the_calibration_learns_a_requests_own_intercept():
     assert failing.offset == 0.0
 
 
+def test_the_calibration_fits_its_last_window_of_judged_tokens():
+    """Past twice its window (its arrays move down), the calibration fits exactly the last `window`
+    judged tokens: the same Newton steps on a plain list of them agree."""
+    from specdec.proposers.copy_candidates import sigmoid
+    from specdec.proposers.scored_copy import Calibration
+
+    rng = np.random.default_rng(7)
+    calibration, rows, offset = Calibration(window=16), [], 0.0
+    for _ in range(60):
+        logits = rng.normal(0.0, 2.0, rng.integers(1, 7))
+        accepted = int(rng.integers(0, len(logits) + 1))
+        calibration.drafted(logits)
+        calibration.verified(accepted)
+        rows = (rows + [(z, float(i < accepted)) for i, z in enumerate(logits[:accepted + 1])])[-16:]
+        z, y = np.array(rows).T
+        for _ in range(3):
+            p = sigmoid(z + offset)
+            offset += (np.sum(y - p) - calibration.prior * offset) / (np.sum(p * (1 - p)) + calibration.prior)
+        assert calibration.offset == pytest.approx(offset, abs=1e-9)
+
+
 def test_a_request_whose_copies_fail_drafts_less():
     """A scorer that believes every copy (0.95) on text where each one fails: the calibration halves
     the drafts within a dozen steps, where the raw score keeps drafting all k."""

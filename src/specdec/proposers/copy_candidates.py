@@ -122,31 +122,27 @@ def step_candidates(position: int, context: np.ndarray, prompt_len: int, earlier
     if not len(all_lengths):
         return None
     all_next = np.concatenate([f[2][f[0]] for f in found])
-    # Frequency and support at each match level (few distinct m per step).
-    freq_at: dict[tuple[int, int], int] = {}
-    support_at: dict[int, int] = {}
-    for m in np.unique(all_lengths):
-        at_least = all_next[all_lengths >= m]
-        support_at[int(m)] = len(at_least)
-        tokens, counts = np.unique(at_least, return_counts=True)
-        freq_at.update({(int(m), int(t)): int(c) for t, c in zip(tokens, counts)})
     # Occurrences with the same continuation are one candidate: the best occurrence's features.
     recency = np.concatenate([f[4] for f in found])
     source = np.concatenate([f[5] for f in found])
     windows = np.concatenate([_continuations(f[2], f[0], f[3], k) for f in found])  # [N, k], -1 padded
     order = np.lexsort((recency, -all_lengths))  # longest match first, then most recent
-    windows = windows[order]
-    distinct, first, shared = np.unique(windows, axis=0, return_index=True, return_counts=True)
+    first, shared = _first_of_each_row(windows[order])
     keep = np.argsort(first, kind="stable")[:most]  # the `most` best, in the order above
-    tokens = distinct[keep]  # [n, k], padded with SEPARATOR (-1)
     best = order[first[keep]]  # each candidate's best occurrence
+    tokens = windows[best]  # [n, k], padded with SEPARATOR (-1)
     lengths = (tokens != SEPARATOR).sum(axis=1)
     m, repeats = all_lengths[best], shared[keep]
-    support = np.array([support_at[int(a)] for a in m], np.float64)
-    frequency = np.array([freq_at[(int(a), int(t))] for a, t in zip(m, tokens[:, 0])]) / support
+    # Support and frequency count every occurrence matched at least as long as the candidate's best.
+    matched = all_lengths[None, :] >= m[:, None]  # [n, N]
+    support = matched.sum(axis=1).astype(np.float64)
+    frequency = (matched & (all_next[None, :] == tokens[:, :1])).sum(axis=1) / support
     src = source[best]
-    features = np.stack([np.log(m), np.log(recency[best]), src == 1, src == 2, src == 3, np.log(repeats),
-                         frequency, np.log(support), np.log(lengths)], axis=1).astype(np.float64)
+    features = np.empty((len(best), len(FEATURES)))
+    features[:, 0], features[:, 1] = np.log(m), np.log(recency[best])
+    features[:, 2:5] = src[:, None] == np.arange(1, 4)[None, :]
+    features[:, 5], features[:, 6], features[:, 7], features[:, 8] = (np.log(repeats), frequency, np.log(support),
+                                                                      np.log(lengths))
     labels = None
     if answer_rest is not None:  # the common prefix with the answer (padding never matches a token)
         truth = np.asarray(answer_rest[:k], np.int64)
@@ -155,24 +151,37 @@ def step_candidates(position: int, context: np.ndarray, prompt_len: int, earlier
                           path_features(tokens, repeats.astype(np.float64), features[:, 0]))
 
 
+def _first_of_each_row(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, count) of each distinct row of `rows` [N, k]: the index of its first occurrence, and
+    how many there are, in no particular order. One sort of the rows as byte strings: numpy's
+    np.unique(axis=0) sorts the same way with a fixed cost several times larger (candidates are
+    usually few, and this runs at every step)."""
+    as_bytes = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, count = np.unique(as_bytes, return_index=True, return_counts=True)  # a stable sort: the first
+    return first, count
+
+
 def path_features(tokens: np.ndarray, weights: np.ndarray, log_match: np.ndarray) -> np.ndarray:
     """[n, k, len(PATH_FEATURES)]: per candidate and depth, the occurrence-weighted share of the
     candidates agreeing before it (all of them; those matched at least as long) that agree at it,
-    and how many different tokens those offer there (suffix decoding's children of the node)."""
+    and how many different tokens those offer there (suffix decoding's children of the node).
+    Weights are occurrence counts, so every sum is of integers: exact in any order."""
     n, k = tokens.shape
-    same = np.cumprod(tokens[:, None, :] == tokens[None, :, :], axis=2)  # [n, n, k] prefixes agree through i
+    same = np.logical_and.accumulate(tokens[:, None, :] == tokens[None, :, :], axis=2)  # [c, d, i]: agree through i
+    agree = same.transpose(0, 2, 1).astype(np.float64)  # [c, i, d]
+    counted = np.stack([np.broadcast_to(weights, (n, n)),  # [column, c, d]: d's weight as counted for c
+                        np.where(log_match[None, :] >= log_match[:, None], weights[None, :], 0.0)])
+    through = np.einsum("cid,pcd->pci", agree, counted)  # [column, c, i]: weight agreeing through depth i
+    before = np.concatenate([counted.sum(axis=2)[:, :, None], through[:, :, :-1]], axis=2)
     path = np.zeros((n, k, len(PATH_FEATURES)))
-    for column, counted in enumerate((np.ones((n, n)), log_match[None, :] >= log_match[:, None])):
-        through = np.einsum("cdi,cd,d->ci", same, counted, weights)  # weight agreeing through depth i
-        before = np.concatenate([(counted * weights).sum(axis=1, keepdims=True), through[:, :-1]], axis=1)
-        path[:, :, column] = np.where(before > 0, through / np.maximum(before, 1e-12), 0.0)
+    path[:, :, :2] = np.where(before > 0, through / np.maximum(before, 1e-12), 0.0).transpose(1, 2, 0)
     # Distinct tokens at depth i among the candidates agreeing with c before i: the candidates d there
     # that are the first (lowest index) to offer their path through i. Whether d is first does not
     # depend on c: a d' agreeing with d through i agrees with c before i too.
-    earlier = np.tril(np.ones((n, n), bool), -1)[:, :, None]  # [d, d', 1]: d' < d
-    first = ~np.any(same.astype(bool) & earlier, axis=1) & (tokens >= 0)  # [d, i]
-    before = np.concatenate([np.ones((n, n, 1), bool), same[:, :, :-1].astype(bool)], axis=2)  # [c, d, i]
-    branching = np.einsum("cdi,di->ci", before.astype(np.float64), first.astype(np.float64))
+    first = (np.argmax(same, axis=1) == np.arange(n)[:, None]) & (tokens >= 0)  # [d, i]
+    branching = np.empty((n, k))
+    branching[:, 0] = first[:, 0].sum()  # before depth 1 every candidate agrees
+    branching[:, 1:] = np.einsum("cid,di->ci", agree[:, :-1], first[:, 1:].astype(np.float64))
     path[:, :, 2] = np.where(tokens >= 0, np.log(np.maximum(branching, 1.0)), 0.0)
     return path
 
@@ -181,14 +190,14 @@ def hazard_rows(step: StepCandidates, k: int) -> tuple[np.ndarray, np.ndarray, n
     """(x, candidate, depth): one row per candidate and drafted depth i = 1..its length (at most k),
     candidate by candidate, depths ascending: its features, its path features at i, and the depth
     (log i, and whether i = 1)."""
-    n, width = len(step), min(k, step.tokens.shape[1])
-    depth = np.arange(1, width + 1)
-    x = np.concatenate([np.broadcast_to(step.features[:, None, :], (n, width, len(FEATURES))),
-                        step.path[:, :width],
-                        np.broadcast_to(np.stack([np.log(depth), depth == 1], axis=1), (n, width, 2))], axis=2)
-    valid = depth[None, :] <= step.lengths[:, None]
+    width = min(k, step.tokens.shape[1])
+    valid = np.arange(1, width + 1)[None, :] <= step.lengths[:, None]
     candidate, at = np.nonzero(valid)  # row-major: candidate by candidate, depths ascending
-    return x[valid], candidate, at + 1
+    x = np.empty((len(candidate), len(HAZARD_FEATURES)))
+    x[:, :len(FEATURES)] = step.features[candidate]
+    x[:, len(FEATURES):-2] = step.path[candidate, at]
+    x[:, -2], x[:, -1] = np.log(at + 1), at == 0
+    return x, candidate, at + 1
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:

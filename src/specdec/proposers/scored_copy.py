@@ -29,7 +29,6 @@ not second-guess the length.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -107,7 +106,10 @@ class Calibration:
 
     def reset(self) -> None:
         self.offset = 0.0
-        self._rows: deque[tuple[float, float]] = deque(maxlen=self.window)
+        # The judged tokens' logits and outcomes, oldest first, the last `window` of them in use:
+        # contiguous arrays, moved down when full, so each fit reads them without a copy.
+        self._logits, self._outcomes = np.zeros(2 * self.window), np.zeros(2 * self.window)
+        self._judged = 0
         self._pending: np.ndarray | None = None  # the drafted tokens' logits, until verified
 
     def drafted(self, logits: np.ndarray) -> None:
@@ -123,13 +125,24 @@ class Calibration:
         if self._pending is None:
             return
         judged = self._pending[:accepted + 1]  # the accepted ones, then the first rejected (if any)
-        self._rows.extend((float(z), float(i < accepted)) for i, z in enumerate(judged))
-        self._pending = None
-        z, y = np.array(self._rows).T
+        outcomes = (np.arange(len(judged)) < accepted)[-self.window:]
+        judged, self._pending = judged[-self.window:], None
+        if self._judged + len(judged) > len(self._logits):
+            kept = self.window - len(judged)
+            for rows in (self._logits, self._outcomes):
+                rows[:kept] = rows[self._judged - kept:self._judged]
+            self._judged = kept
+        end = self._judged + len(judged)
+        self._logits[self._judged:end] = judged
+        self._outcomes[self._judged:end] = outcomes
+        self._judged = end
+        z = self._logits[max(0, end - self.window):end]
+        accepted_sum = self._outcomes[max(0, end - self.window):end].sum()
         offset = self.offset
-        for _ in range(3):
+        for _ in range(3):  # sum(y - p) and sum(p (1 - p)) in two reductions of p
             p = sigmoid(z + offset)
-            offset += (np.sum(y - p) - self.prior * offset) / (np.sum(p * (1 - p)) + self.prior)
+            p_sum = p.sum()
+            offset += (accepted_sum - p_sum - self.prior * offset) / (p_sum - p @ p + self.prior)
         self.offset = float(offset)
 
 
@@ -293,7 +306,7 @@ class ScoredCopyProposer(Proposer):
 
         def plan(d: int) -> CopyPlan:
             if d < 1:
-                return CopyPlan(DraftProposal.empty(1, scored.device), 1.0 / scored.cost(1), None)
+                return self._nothing(scored)
             chosen = int(candidates[d])
             return self._chain(scored, chosen, int(min(scored.step.lengths[chosen], d)), float(expected[d]))
 
@@ -308,12 +321,11 @@ class ScoredCopyProposer(Proposer):
     def _choose(self, scored: Scored, max_k: int) -> CopyPlan:
         """The candidate and length of the best rate in a step of this row's own (or no draft)."""
         step, cost = scored.step, scored.cost
-        nothing = CopyPlan(DraftProposal.empty(1, scored.device), 1.0 / cost(1), None)
         if step is None:
-            return nothing
+            return self._nothing(scored)
         candidate, drafted, in_chain = choose_draft(step, scored.hazard, cost, max_k)
         if not drafted:
-            return nothing
+            return self._nothing(scored)
         chain = self._chain(scored, candidate, drafted, in_chain)
         if self.trees and self.step_costs.chains_known and not scored.fixed:  # a tree where it beats the chain
             tokens, parents, in_tree = choose_tree(step, scored.hazard, self.step_costs.tree_cost, max_k)
@@ -322,6 +334,10 @@ class ScoredCopyProposer(Proposer):
             if tree_rate > chain.rate:  # the calibration judges a tree along the best chain, its main path
                 return CopyPlan(DraftProposal.of_row(tokens, tree, scored.device), tree_rate, chain.judged, in_tree)
         return chain
+
+    @staticmethod
+    def _nothing(scored: Scored) -> CopyPlan:
+        return CopyPlan(DraftProposal.empty(1, scored.device), 1.0 / scored.cost(1), None)
 
     @staticmethod
     def _chain(scored: Scored, candidate: int, drafted: int, expected: float) -> CopyPlan:
